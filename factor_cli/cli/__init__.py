@@ -1,0 +1,1 @@
+"""Typer command-line shell: parse, call the library, render with rich."""

@@ -1,0 +1,38 @@
+"""Entry point of the ``factor`` command."""
+
+from __future__ import annotations
+
+import typer
+
+from factor_cli import __version__
+
+from .credit import app as credit_app
+
+app = typer.Typer(
+    name="factor",
+    help=(
+        "FACTOR experiment toolkit: credit-conserving action-to-token allocation for multi-turn "
+        "LLM-agent RL (arXiv 2608.07118)."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(credit_app, name="credit")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"factor {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """FACTOR experiment toolkit."""
+
+
+def main() -> None:
+    app()

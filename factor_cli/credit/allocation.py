@@ -1,0 +1,108 @@
+"""HTA + APM: how an action's credit is spread over its tokens.
+
+Every allocation in ``ALLOCATIONS`` has one signature
+
+    fn(gap[N_tok], action_index[N_tok], credit[N_act], strength, cfg, generator) -> weight[N_tok]
+
+where ``gap`` is the hindsight likelihood gap Delta_{t,j}, ``action_index`` names each token's
+action, ``credit`` is the action's credit (its sign orients the scores) and ``strength`` is the
+step's eta_k (APM family) or alpha_k (SERL's psi). The token coefficient is then
+C_{t,j} = credit_t * weight_{t,j}.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from . import checks
+from .config import CreditConfig
+from .registry import Registry
+from .segments import permute_within_segments, segment_count, segment_softmax
+
+Allocation = Callable[[Tensor, Tensor, Tensor, float, CreditConfig, "torch.Generator | None"], Tensor]
+ALLOCATIONS: Registry[Allocation] = Registry("allocation")
+
+
+def validate_tokens(gap: Tensor, action_index: Tensor, credit: Tensor) -> tuple[Tensor, Tensor]:
+    """Check a token-level tensor against its actions; returns (action_index as int64, L[N_act])."""
+    checks.vector("gap", gap)
+    checks.non_empty("gap", gap)
+    checks.vector("credit", credit)
+    checks.non_empty("credit", credit)
+    action_index = checks.index("action_index", action_index, credit.numel(), length=gap.numel())
+    length = segment_count(action_index, credit.numel())
+    checks.every_segment_present("action_index", length, "action")
+    return action_index, length
+
+
+def hta_scores(gap: Tensor, action_index: Tensor, credit: Tensor, d: float) -> Tensor:
+    """s_{t,j} = sign(A*_t) * clip(Delta_{t,j}, -d, d); sign(0) = 0. Shape [N_tok]."""
+    return torch.sign(credit)[action_index] * gap.clamp(-d, d)
+
+
+def allocation(
+    gap: Tensor, action_index: Tensor, credit: Tensor, eta: float, tau: float = 1.0, d: float = 3.0
+) -> Tensor:
+    """APM allocation omega[N_tok]:
+
+        rho_{t,j}   = (1 - eta) / L_t + eta * softmax_j(s_{t,j} / tau)
+        omega_{t,j} = L_t * rho_{t,j}
+
+    with s from :func:`hta_scores`. omega >= 0 and mean_j omega_{t,j} = 1 for every action, for
+    any eta in [0, 1] and tau > 0; a zero-credit action gets the uniform allocation omega = 1.
+
+    Args:
+        gap: Delta_{t,j}, [N_tok]. action_index: action of each token, [N_tok] in [0, N_act).
+        credit: A*_t, [N_act]. eta: teacher concentration eta_k. tau: softmax temperature.
+        d: clip bound (math.inf allowed).
+    """
+    action_index, length = validate_tokens(gap, action_index, credit)
+    eta = checks.unit_interval("eta", eta)
+    tau = checks.positive("tau", tau)
+    d = checks.positive("d", d, allow_inf=True)
+    soft = segment_softmax(hta_scores(gap, action_index, credit, d) / tau, action_index, credit.numel())
+    return (1.0 - eta) + eta * length[action_index].to(gap.dtype) * soft
+
+
+@ALLOCATIONS.register("per-action")
+def _per_action(gap, action_index, credit, strength, cfg, generator):  # noqa: ANN001
+    return allocation(gap, action_index, credit, strength, cfg.tau, cfg.d)
+
+
+@ALLOCATIONS.register("uniform")
+def uniform_allocation(gap, action_index, credit, strength, cfg, generator):  # noqa: ANN001
+    """omega_{t,j} = 1 (w/o HTA: eta == 0, the teacher gap is ignored)."""
+    validate_tokens(gap, action_index, credit)
+    return torch.ones_like(gap)
+
+
+@ALLOCATIONS.register("batch-global")
+def batch_global_allocation(gap, action_index, credit, strength, cfg, generator):  # noqa: ANN001
+    """Batch-global norm ablation: one softmax over every action token of the batch,
+
+        rho_{t,j} = (1 - eta) / L_t + eta * softmax_batch(s_{t,j} / tau),  omega = L_t rho,
+
+    which no longer preserves the per-action mean.
+    """
+    action_index, length = validate_tokens(gap, action_index, credit)
+    eta = checks.unit_interval("eta", strength)
+    scores = hta_scores(gap, action_index, credit, cfg.d) / cfg.tau
+    soft = torch.softmax(scores, dim=0)
+    return (1.0 - eta) + eta * length[action_index].to(gap.dtype) * soft
+
+
+@ALLOCATIONS.register("token-shuffled")
+def token_shuffled_allocation(gap, action_index, credit, strength, cfg, generator):  # noqa: ANN001
+    """TokenShuffled ablation: the gaps are permuted at random within each action before APM.
+
+    The permutation is drawn from ``generator`` (a fresh one per step in training), so the
+    allocation keeps its distribution of weights but loses which token earned them. Tokens of
+    one action must be contiguous.
+    """
+    action_index, _ = validate_tokens(gap, action_index, credit)
+    checks.contiguous("action_index", action_index, credit.numel())
+    perm = permute_within_segments(action_index, generator)
+    return allocation(gap[perm], action_index, credit, strength, cfg.tau, cfg.d)

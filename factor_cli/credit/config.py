@@ -1,0 +1,85 @@
+"""Credit hyperparameters: the one home of their defaults (paper Section 4.1 and Appendix D).
+
+The trainer's typed configuration embeds this dataclass unchanged, so each default is written
+exactly once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class CreditConfig:
+    """Hyperparameters of credit, allocation, schedules and SERL's multiplier."""
+
+    d: float = 3.0
+    """HTA clip bound: s_{t,j} = sign(A*_t) clip(Delta_{t,j}, -d, d); math.inf disables clipping."""
+    tau: float = 1.0
+    """APM softmax temperature (> 0)."""
+    eta_0: float = 0.7
+    """Initial teacher concentration eta_0 in [0, 1]; eta_k = eta_0 max(1 - k/anneal_steps, 0)."""
+    warmup_steps: int = 10
+    """Value-head warm-up W: for k <= W credit is uniform A^seq/T and eta_k = 0."""
+    anneal_steps: int = 50
+    """Horizon of the linear eta_k / alpha_k annealing (teacher active for W < k < anneal_steps)."""
+    alpha_0: float = 0.5
+    """SERL multiplier strength alpha_0; alpha_k = alpha_0 max(1 - k/anneal_steps, 0) = lambda_k."""
+    psi_clip: float = 0.2
+    """SERL's c: psi is clipped to [1 - c, 1 + c] unless psi_min / psi_max are set."""
+    psi_min: float | None = None
+    """Lower bound of psi (default 1 - psi_clip)."""
+    psi_max: float | None = None
+    """Upper bound of psi (default 1 + psi_clip)."""
+    gigpo_gamma: float = 0.95
+    """GiGPO step-return discount."""
+    gigpo_omega: float = 1.0
+    """GiGPO weight of the step-level term."""
+    gigpo_norm: str = "std"
+    """GiGPO anchor-group normalisation: "std" or "mean"."""
+
+    def __post_init__(self) -> None:
+        def bad(name: str, allowed: str) -> ValueError:
+            return ValueError(f"credit.{name} = {getattr(self, name)!r} is invalid: must be {allowed}")
+
+        if not (self.d > 0):
+            raise bad("d", "> 0 (math.inf for no clipping)")
+        if not (self.tau > 0 and math.isfinite(self.tau)):
+            raise bad("tau", "a finite number > 0")
+        for name in ("eta_0", "alpha_0", "gigpo_gamma"):
+            if not (0.0 <= getattr(self, name) <= 1.0):
+                raise bad(name, "in [0, 1]")
+        if not (isinstance(self.warmup_steps, int) and self.warmup_steps >= 0):
+            raise bad("warmup_steps", "an integer >= 0")
+        if not (isinstance(self.anneal_steps, int) and self.anneal_steps >= 1):
+            raise bad("anneal_steps", "an integer >= 1")
+        if not (0.0 <= self.psi_clip < 1.0):
+            raise bad("psi_clip", "in [0, 1)")
+        lo, hi = self.psi_bounds
+        if not (0.0 <= lo <= hi):
+            raise bad("psi_min", "<= psi_max and >= 0")
+        if self.gigpo_norm not in ("std", "mean"):
+            raise bad("gigpo_norm", "'std' or 'mean'")
+
+    @property
+    def psi_bounds(self) -> tuple[float, float]:
+        lo = 1.0 - self.psi_clip if self.psi_min is None else self.psi_min
+        hi = 1.0 + self.psi_clip if self.psi_max is None else self.psi_max
+        return lo, hi
+
+    @classmethod
+    def field_docs(cls) -> dict[str, str]:
+        """Field name -> its one-line documentation (feeds --help and the YAML reference)."""
+        import ast
+        import inspect
+        import textwrap
+
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        docs: dict[str, str] = {}
+        for node, nxt in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+                    docs[node.target.id] = str(nxt.value.value)
+        return {f.name: docs.get(f.name, "") for f in fields(cls)}

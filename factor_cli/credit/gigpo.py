@@ -1,0 +1,82 @@
+"""GiGPO's step-level advantage under our protocol (Feng et al. 2025).
+
+Anchor-state groups collect the actions, across the K trajectories of one group, taken from an
+identical observation (``state_key[N_act]``: equal integers for identical observation text,
+hashed upstream). Within each anchor group the discounted step return
+
+    R_t = sum_{s >= t} gamma^{s-t} r_s
+
+is normalised, and the action's advantage adds it to the episode term:
+
+    A_t = A^E_i + omega * (R_t - mean_g R) / (std_g R + eps)      ("std" normalisation)
+    A_t = A^E_i + omega * (R_t - mean_g R)                         ("mean" normalisation)
+
+std is the unbiased sample std of the anchor group. An anchor group with a single member has
+nothing to be compared with and gets step term 0. Our protocol's episode term A^E_i is the
+environment convention's A^seq_i, so GiGPO differs from GRPO only by the step term.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import checks
+from .segments import segment_count, segment_mean, segment_sum
+from .tac import reverse_discounted_sum
+
+
+def anchor_groups(group_of_action: Tensor, state_key: Tensor) -> tuple[Tensor, int]:
+    """Dense id of each action's (group, state) anchor group, and the number of anchor groups."""
+    pairs = torch.stack([group_of_action, state_key], dim=1)
+    _, inverse = torch.unique(pairs, dim=0, return_inverse=True)
+    return inverse, int(inverse.max()) + 1 if inverse.numel() else 0
+
+
+def gigpo_advantage(
+    rewards: Tensor,
+    traj_index: Tensor,
+    group_index: Tensor,
+    state_key: Tensor,
+    a_episode: Tensor,
+    gamma: float = 0.95,
+    omega: float = 1.0,
+    norm: str = "std",
+    eps: float = 1e-6,
+) -> Tensor:
+    """GiGPO per-action advantage, shape [N_act].
+
+    Args:
+        rewards: r_t per action, [N_act].
+        traj_index: trajectory of each action, [N_act], contiguous in turn order.
+        group_index: group (task instance) of each trajectory, [N_traj].
+        state_key: observation id before each action, [N_act]; equal ids = identical states.
+        a_episode: episode-level advantage A^E_i, [N_traj].
+        gamma: discount of the step return; omega: weight of the step term.
+        norm: "std" or "mean" (see module docstring).
+    """
+    checks.vector("rewards", rewards)
+    checks.non_empty("rewards", rewards)
+    checks.vector("a_episode", a_episode)
+    n_traj = a_episode.numel()
+    traj_index = checks.index("traj_index", traj_index, n_traj, length=rewards.numel())
+    checks.contiguous("traj_index", traj_index, n_traj)
+    n_groups = int(group_index.max()) + 1 if group_index.numel() else 0
+    group_index = checks.index("group_index", group_index, n_groups, length=n_traj)
+    if not isinstance(state_key, Tensor) or state_key.is_floating_point() or state_key.dim() != 1:
+        raise ValueError("state_key must be a 1-D integer tensor (one observation id per action)")
+    checks.same_length("state_key", state_key, rewards.numel(), "action")
+    if norm not in ("std", "mean"):
+        raise ValueError(f"norm must be 'std' or 'mean', got {norm!r}")
+    checks.unit_interval("gamma", gamma)
+
+    ret = reverse_discounted_sum(rewards, traj_index, n_traj, gamma)
+    anchor, n_anchor = anchor_groups(group_index[traj_index], state_key.long())
+    size = segment_count(anchor, n_anchor)
+    centred = ret - segment_mean(ret, anchor, n_anchor)[anchor]
+    if norm == "std":
+        dof = (size - 1).clamp_min(1).to(ret.dtype)
+        std = (segment_sum(centred**2, anchor, n_anchor) / dof).sqrt()
+        centred = centred / (std[anchor] + eps)
+    step = torch.where(size[anchor] > 1, centred, torch.zeros_like(centred))
+    return a_episode[traj_index] + omega * step

@@ -1,0 +1,131 @@
+"""PPO clipped surrogate with named reductions, the non-action branch and the full objective.
+
+Per token (q = pi_theta / pi_old = exp(logp - logp_old), C the token coefficient):
+
+    l_{t,j} = -min(q C, clip(q, 1 - eps, 1 + eps) C)
+
+Reductions (``REDUCTIONS``), each over the whole PPO mini-batch:
+
+    token-mean:   1/N_tok sum_{t,j} l_{t,j}
+    action-mean:  1/N_act sum_t (1/L_t sum_j l_{t,j})
+
+With gradient accumulation or data-parallel ranks pass ``normalizer`` = the global count of
+tokens (token-mean) or actions (action-mean), so the loss does not depend on the split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from . import checks
+from .registry import Registry
+from .segments import segment_count, segment_sum
+
+Reduction = Callable[[Tensor, Tensor, "float | None"], Tensor]
+REDUCTIONS: Registry[Reduction] = Registry("reduction")
+
+
+@REDUCTIONS.register("token-mean")
+def token_mean(per_token: Tensor, action_index: Tensor, normalizer: float | None = None) -> Tensor:
+    """1/N_tok sum over all tokens (N_tok = ``normalizer`` when given)."""
+    denom = per_token.numel() if normalizer is None else normalizer
+    return per_token.sum() / denom
+
+
+@REDUCTIONS.register("action-mean")
+def action_mean(per_token: Tensor, action_index: Tensor, normalizer: float | None = None) -> Tensor:
+    """1/N_act sum_t (1/L_t sum_j l_{t,j}): each action weighs the same whatever its length."""
+    n = int(action_index.max()) + 1
+    length = segment_count(action_index, n)
+    present = length > 0
+    per_action = segment_sum(per_token, action_index, n)[present] / length[present].to(per_token.dtype)
+    denom = per_action.numel() if normalizer is None else normalizer
+    return per_action.sum() / denom
+
+
+def _validate(logp: Tensor, logp_old: Tensor, coef: Tensor, action_index: Tensor) -> Tensor:
+    checks.vector("logp", logp)
+    checks.non_empty("logp", logp)
+    checks.vector("logp_old", logp_old)
+    checks.same_length("logp_old", logp_old, logp.numel(), "token")
+    checks.vector("coef", coef)
+    checks.same_length("coef", coef, logp.numel(), "token")
+    size = int(action_index.max()) + 1 if action_index.numel() else 1
+    return checks.index("action_index", action_index, size, length=logp.numel())
+
+
+def clipped_surrogate(logp: Tensor, logp_old: Tensor, coef: Tensor, clip_eps: float = 0.2) -> Tensor:
+    """l_{t,j} = -min(q C, clip(q, 1 - eps, 1 + eps) C), shape [N_tok]."""
+    q = torch.exp(logp - logp_old)
+    return -torch.minimum(q * coef, q.clamp(1.0 - clip_eps, 1.0 + clip_eps) * coef)
+
+
+def policy_loss(
+    logp: Tensor,
+    logp_old: Tensor,
+    coef: Tensor,
+    action_index: Tensor,
+    reduction: str = "action-mean",
+    clip_eps: float = 0.2,
+    normalizer: float | None = None,
+) -> Tensor:
+    """PPO clipped surrogate to minimise (module docstring), a scalar.
+
+    Args:
+        logp: log pi_theta of each action token, [N_tok] (carries the gradient).
+        logp_old: log pi_old (behaviour) of each token, [N_tok].
+        coef: token coefficient C_{t,j}, [N_tok].
+        action_index: action of each token, [N_tok].
+        reduction: a name in ``REDUCTIONS`` ("action-mean" or "token-mean").
+        clip_eps: PPO clip eps > 0.
+        normalizer: global token / action count for split batches (default: this batch's).
+    """
+    action_index = _validate(logp, logp_old, coef, action_index)
+    checks.positive("clip_eps", clip_eps)
+    reduce = REDUCTIONS.get(reduction)
+    return reduce(clipped_surrogate(logp, logp_old, coef, clip_eps), action_index, normalizer)
+
+
+def action_surrogates(logp: Tensor, logp_old: Tensor, coef: Tensor, action_index: Tensor) -> Tensor:
+    """Pre-clipping action-mean surrogate of each action, 1/L_t sum_j q_{t,j} C_{t,j}, [N_act].
+
+    At q = 1 with C = A*_t omega_{t,j} and mean_j omega = 1 this equals A*_t exactly,
+    independent of L_t (paper Section 3.4).
+    """
+    action_index = _validate(logp, logp_old, coef, action_index)
+    n = int(action_index.max()) + 1
+    q = torch.exp(logp - logp_old)
+    return segment_sum(q * coef, action_index, n) / segment_count(action_index, n).clamp_min(1).to(coef.dtype)
+
+
+@dataclass(frozen=True)
+class Objective:
+    """L = L_act + L_non-act + lambda_k L^SERL_act, with each term kept for logging."""
+
+    total: Tensor
+    action: Tensor
+    non_action: Tensor
+    kl: Tensor
+    kl_coef: float
+
+
+def objective(
+    action_loss: Tensor,
+    non_action_loss: Tensor | None = None,
+    kl: Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> Objective:
+    """Combine the three terms; absent terms count as 0.
+
+    The non-action branch is :func:`policy_loss` over reasoning / tag / formatting tokens with
+    ``reduction="token-mean"`` and coefficient A^seq_i of the token's trajectory.
+    """
+    zero = action_loss.new_zeros(())
+    non_action_loss = zero if non_action_loss is None else non_action_loss
+    kl = zero if kl is None else kl
+    total = action_loss + non_action_loss + (kl_coef * kl if kl_coef else zero)
+    return Objective(total=total, action=action_loss, non_action=non_action_loss, kl=kl, kl_coef=kl_coef)

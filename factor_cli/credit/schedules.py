@@ -1,0 +1,38 @@
+"""Training-step schedules (k = training step, 1-based).
+
+    eta_k   = 0                                   for k <= W (value-head warm-up)
+            = eta_0 * max(1 - k / K_a, 0)         otherwise
+    alpha_k = alpha_0 * max(1 - k / K_a, 0)       (SERL's multiplier; lambda_k = alpha_k)
+
+with K_a = ``anneal_steps`` (50 in the paper), so the teacher is active for W < k < K_a.
+"""
+
+from __future__ import annotations
+
+from .config import CreditConfig
+
+
+def _step(k: int) -> int:
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"step must be an integer >= 1 (training steps are 1-based), got {k!r}")
+    return k
+
+
+def linear_anneal(k: int, start: float, horizon: int) -> float:
+    """start * max(1 - k / horizon, 0)."""
+    return start * max(1.0 - _step(k) / horizon, 0.0)
+
+
+def in_warmup(k: int, cfg: CreditConfig) -> bool:
+    """True while the value head is warming up (k <= W): TD credit is not trusted yet."""
+    return _step(k) <= cfg.warmup_steps
+
+
+def eta_schedule(k: int, cfg: CreditConfig) -> float:
+    """eta_k: APM teacher concentration at step k (0 during warm-up)."""
+    return 0.0 if in_warmup(k, cfg) else linear_anneal(k, cfg.eta_0, cfg.anneal_steps)
+
+
+def alpha_schedule(k: int, cfg: CreditConfig) -> float:
+    """alpha_k: SERL multiplier strength at step k; also the KL weight lambda_k."""
+    return linear_anneal(k, cfg.alpha_0, cfg.anneal_steps)

@@ -1,0 +1,102 @@
+"""Segment reductions over a packed ragged batch.
+
+A segment is the set of entries sharing one value of an index tensor: the tokens of an action
+(``action_index[N_tok]``) or the actions of a trajectory (``traj_index[N_act]``). Everything here
+is a scatter/gather kernel; no Python loop ever runs over actions or tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+def segment_count(index: Tensor, num_segments: int) -> Tensor:
+    """n_s = |{e : index[e] = s}|, shape [num_segments], int64."""
+    return torch.bincount(index, minlength=num_segments)
+
+
+def segment_sum(x: Tensor, index: Tensor, num_segments: int) -> Tensor:
+    """sum_{e : index[e] = s} x[e], shape [num_segments]."""
+    return x.new_zeros(num_segments).index_add_(0, index, x)
+
+
+def segment_mean(x: Tensor, index: Tensor, num_segments: int) -> Tensor:
+    """Mean of x over each segment; empty segments give 0."""
+    count = segment_count(index, num_segments).clamp_min(1).to(x.dtype)
+    return segment_sum(x, index, num_segments) / count
+
+
+def segment_max(x: Tensor, index: Tensor, num_segments: int) -> Tensor:
+    """max_{e : index[e] = s} x[e]; empty segments give -inf."""
+    out = x.new_full((num_segments,), float("-inf"))
+    return out.scatter_reduce(0, index, x, reduce="amax", include_self=True)
+
+
+def segment_softmax(x: Tensor, index: Tensor, num_segments: int) -> Tensor:
+    """softmax_j(x) within each segment, shape like x; each segment sums to 1.
+
+    The per-segment max is subtracted first, so large logits cannot overflow.
+    """
+    shifted = x - segment_max(x, index, num_segments).detach()[index]
+    e = shifted.exp()
+    return e / segment_sum(e, index, num_segments)[index]
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """Layout of contiguous segments: where each starts, its length, each entry's position.
+
+    For actions grouped by trajectory: ``start[N_traj]``, ``length[N_traj]`` (= T_i),
+    ``position[N_act]`` (= t, the turn within its trajectory), ``max_length`` (= max_i T_i).
+    """
+
+    start: Tensor
+    length: Tensor
+    position: Tensor
+    max_length: int
+
+    @staticmethod
+    def of(index: Tensor, num_segments: int) -> Ragged:
+        """Layout of a contiguous segment index (checked by the caller)."""
+        n = index.numel()
+        arange = torch.arange(n, device=index.device)
+        start = torch.full((num_segments,), n, dtype=torch.long, device=index.device)
+        start = start.scatter_reduce(0, index, arange, reduce="amin", include_self=True)
+        length = segment_count(index, num_segments)
+        position = arange - start[index]
+        max_length = int(length.max()) if num_segments else 0
+        return Ragged(start=start, length=length, position=position, max_length=max_length)
+
+    def pad(self, x: Tensor, index: Tensor, fill: float = 0.0) -> Tensor:
+        """Scatter x[N] into a dense [num_segments, max_length] tensor, ``fill`` past the end."""
+        out = x.new_full((self.length.numel(), self.max_length), fill)
+        out[index, self.position] = x
+        return out
+
+    def unpad(self, dense: Tensor, index: Tensor) -> Tensor:
+        """Gather the entries of a dense [num_segments, max_length] tensor back to x[N]."""
+        return dense[index, self.position]
+
+
+def run_ids(index: Tensor) -> Tensor:
+    """Id of the contiguous run each entry belongs to (0, 0, 1, 1, 1, 2, ...)."""
+    if index.numel() == 0:
+        return index.clone()
+    change = torch.ones_like(index)
+    change[1:] = (index[1:] != index[:-1]).long()
+    change[0] = 0
+    return torch.cumsum(change, 0)
+
+
+def permute_within_segments(index: Tensor, generator: torch.Generator | None) -> Tensor:
+    """A uniformly random permutation ``perm`` that maps each contiguous segment onto itself.
+
+    ``x[perm]`` shuffles x within each segment; segments stay where they are.
+    """
+    runs = run_ids(index).to(torch.float64)
+    keys = torch.rand(index.numel(), generator=generator, dtype=torch.float64, device=index.device)
+    # run id + key in [0, 1): sorting keeps runs in order and shuffles inside each run.
+    return torch.argsort(runs + keys)

@@ -1,0 +1,204 @@
+"""Slow, obviously-correct loop versions of the credit equations, and random packed batches.
+
+Everything here loops over trajectories, actions and tokens in plain Python floats, written
+straight from DESIGN section 4, so the vectorised core is checked against an independent reading.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class RandomBatch:
+    lengths_T: list[int]  # actions per trajectory
+    lengths_L: list[int]  # tokens per action
+    traj_index: torch.Tensor  # [N_act]
+    action_index: torch.Tensor  # [N_tok]
+    group_index: torch.Tensor  # [N_traj]
+    rewards: torch.Tensor  # [N_act]
+    values: torch.Tensor  # [N_act]
+    v0: torch.Tensor  # [N_traj]
+    outcome: torch.Tensor  # [N_traj]
+    credit: torch.Tensor  # [N_act]
+    gap: torch.Tensor  # [N_tok]
+    logp: torch.Tensor  # [N_tok]
+    logp_old: torch.Tensor  # [N_tok]
+    state_key: torch.Tensor  # [N_act]
+
+
+def random_batch(
+    seed: int,
+    n_groups: int = 3,
+    k: int = 4,
+    max_t: int = 7,
+    max_l: int = 9,
+    dtype: torch.dtype = torch.float64,
+    zero_credit_frac: float = 0.1,
+) -> RandomBatch:
+    """A random packed batch with varied lengths (including T = 1 and L = 1)."""
+    g = torch.Generator().manual_seed(seed)
+    n_traj = n_groups * k
+    lengths_T = torch.randint(1, max_t + 1, (n_traj,), generator=g).tolist()
+    lengths_T[0] = 1
+    n_act = sum(lengths_T)
+    lengths_L = torch.randint(1, max_l + 1, (n_act,), generator=g).tolist()
+    lengths_L[0] = 1
+    traj_index = torch.repeat_interleave(torch.arange(n_traj), torch.tensor(lengths_T))
+    action_index = torch.repeat_interleave(torch.arange(n_act), torch.tensor(lengths_L))
+    n_tok = action_index.numel()
+    credit = torch.randn(n_act, generator=g, dtype=dtype)
+    credit[torch.rand(n_act, generator=g) < zero_credit_frac] = 0.0
+    logp_old = -torch.rand(n_tok, generator=g, dtype=dtype) * 4
+    return RandomBatch(
+        lengths_T=lengths_T,
+        lengths_L=lengths_L,
+        traj_index=traj_index,
+        action_index=action_index,
+        group_index=torch.arange(n_traj) // k,
+        rewards=torch.randn(n_act, generator=g, dtype=dtype),
+        values=torch.rand(n_act, generator=g, dtype=dtype),
+        v0=torch.rand(n_traj, generator=g, dtype=dtype),
+        outcome=(torch.rand(n_traj, generator=g) < 0.5).to(dtype),
+        credit=credit,
+        gap=torch.randn(n_tok, generator=g, dtype=dtype) * 3,
+        logp=logp_old + torch.randn(n_tok, generator=g, dtype=dtype) * 0.3,
+        logp_old=logp_old,
+        state_key=torch.randint(0, 3, (n_act,), generator=g),
+    )
+
+
+def segments(index: list[int]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for pos, s in enumerate(index):
+        out.setdefault(s, []).append(pos)
+    return out
+
+
+def potential(vals: list[float], v0: float, t: int, T: int) -> float:
+    """V~(x_t): v0 at t = 0, the value head for 0 < t < T, 0 from T on."""
+    if t == 0:
+        return v0
+    if t < T:
+        return vals[t]
+    return 0.0
+
+
+def td_oracle(rewards, values, traj_index, v0) -> list[float]:
+    out = [0.0] * len(rewards)
+    for i, idx in segments(traj_index.tolist()).items():
+        T = len(idx)
+        vals = [float(values[a]) for a in idx]
+        for t, a in enumerate(idx):
+            out[a] = float(rewards[a]) + potential(vals, float(v0[i]), t + 1, T) - potential(vals, float(v0[i]), t, T)
+    return out
+
+
+def n_step_oracle(rewards, values, traj_index, v0, n) -> list[float]:
+    out = [0.0] * len(rewards)
+    for i, idx in segments(traj_index.tolist()).items():
+        T = len(idx)
+        vals = [float(values[a]) for a in idx]
+        for t, a in enumerate(idx):
+            ret = sum(float(rewards[idx[t + m]]) for m in range(n) if t + m < T)
+            out[a] = ret + potential(vals, float(v0[i]), t + n, T) - potential(vals, float(v0[i]), t, T)
+    return out
+
+
+def gae_oracle(rewards, values, traj_index, v0, lam) -> list[float]:
+    delta = td_oracle(rewards, values, traj_index, v0)
+    out = [0.0] * len(rewards)
+    for idx in segments(traj_index.tolist()).values():
+        T = len(idx)
+        for t, a in enumerate(idx):
+            out[a] = sum(lam**m * delta[idx[t + m]] for m in range(T - t))
+    return out
+
+
+def sign(x: float) -> float:
+    return (x > 0) - (x < 0)
+
+
+def allocation_oracle(gap, action_index, credit, eta, tau, d) -> list[float]:
+    out = [0.0] * len(gap)
+    for a, toks in segments(action_index.tolist()).items():
+        L = len(toks)
+        s = [sign(float(credit[a])) * min(max(float(gap[j]), -d), d) / tau for j in toks]
+        m = max(s)
+        z = sum(math.exp(x - m) for x in s)
+        for j, x in zip(toks, s):
+            rho = (1 - eta) / L + eta * math.exp(x - m) / z
+            out[j] = L * rho
+    return out
+
+
+def serl_oracle(gap, action_index, advantage, alpha, lo, hi) -> list[float]:
+    out = []
+    for j, a in enumerate(action_index.tolist()):
+        x = sign(float(advantage[a])) * float(gap[j])
+        psi = min(max(math.exp(min(max(x, -20.0), 20.0)), lo), hi)
+        out.append((1 - alpha) + alpha * psi)
+    return out
+
+
+def loss_oracle(logp, logp_old, coef, action_index, reduction, eps) -> float:
+    per_tok = []
+    for j in range(len(logp)):
+        q = math.exp(float(logp[j]) - float(logp_old[j]))
+        c = float(coef[j])
+        per_tok.append(-min(q * c, min(max(q, 1 - eps), 1 + eps) * c))
+    if reduction == "token-mean":
+        return sum(per_tok) / len(per_tok)
+    acts = segments(action_index.tolist())
+    return sum(sum(per_tok[j] for j in toks) / len(toks) for toks in acts.values()) / len(acts)
+
+
+def loo_oracle(outcome, group_index) -> tuple[list[float], list[float]]:
+    groups = segments(group_index.tolist())
+    base = [0.0] * len(outcome)
+    for members in groups.values():
+        for i in members:
+            others = [float(outcome[j]) for j in members if j != i]
+            base[i] = sum(others) / len(others)
+    return [float(outcome[i]) - base[i] for i in range(len(outcome))], base
+
+
+def standardize_oracle(outcome, group_index, eps=1e-8, min_std=1e-6) -> list[float]:
+    out = [0.0] * len(outcome)
+    for members in segments(group_index.tolist()).values():
+        xs = [float(outcome[i]) for i in members]
+        mu = sum(xs) / len(xs)
+        sd = math.sqrt(sum((x - mu) ** 2 for x in xs) / len(xs))
+        for i in members:
+            out[i] = 0.0 if sd < min_std else (float(outcome[i]) - mu) / (sd + eps)
+    return out
+
+
+def gigpo_oracle(rewards, traj_index, group_index, state_key, a_episode, gamma, omega, norm, eps=1e-6):
+    n = len(rewards)
+    trajs = segments(traj_index.tolist())
+    ret = [0.0] * n
+    for idx in trajs.values():
+        for t, a in enumerate(idx):
+            ret[a] = sum(gamma**m * float(rewards[idx[t + m]]) for m in range(len(idx) - t))
+    anchors: dict[tuple[int, int], list[int]] = {}
+    for a in range(n):
+        key = (int(group_index[int(traj_index[a])]), int(state_key[a]))
+        anchors.setdefault(key, []).append(a)
+    out = [0.0] * n
+    for members in anchors.values():
+        xs = [ret[a] for a in members]
+        mu = sum(xs) / len(xs)
+        for a in members:
+            if len(members) == 1:
+                step = 0.0
+            elif norm == "std":
+                sd = math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - 1))
+                step = (ret[a] - mu) / (sd + eps)
+            else:
+                step = ret[a] - mu
+            out[a] = float(a_episode[int(traj_index[a])]) + omega * step
+    return out
