@@ -93,7 +93,11 @@ def td_oracle(rewards, values, traj_index, v0) -> list[float]:
         T = len(idx)
         vals = [float(values[a]) for a in idx]
         for t, a in enumerate(idx):
-            out[a] = float(rewards[a]) + potential(vals, float(v0[i]), t + 1, T) - potential(vals, float(v0[i]), t, T)
+            out[a] = (
+                float(rewards[a])
+                + potential(vals, float(v0[i]), t + 1, T)
+                - potential(vals, float(v0[i]), t, T)
+            )
     return out
 
 
@@ -104,7 +108,9 @@ def n_step_oracle(rewards, values, traj_index, v0, n) -> list[float]:
         vals = [float(values[a]) for a in idx]
         for t, a in enumerate(idx):
             ret = sum(float(rewards[idx[t + m]]) for m in range(n) if t + m < T)
-            out[a] = ret + potential(vals, float(v0[i]), t + n, T) - potential(vals, float(v0[i]), t, T)
+            out[a] = (
+                ret + potential(vals, float(v0[i]), t + n, T) - potential(vals, float(v0[i]), t, T)
+            )
     return out
 
 
@@ -177,7 +183,9 @@ def standardize_oracle(outcome, group_index, eps=1e-8, min_std=1e-6) -> list[flo
     return out
 
 
-def gigpo_oracle(rewards, traj_index, group_index, state_key, a_episode, gamma, omega, norm, eps=1e-6):
+def gigpo_oracle(
+    rewards, traj_index, group_index, state_key, a_episode, gamma, omega, norm, eps=1e-6
+):
     n = len(rewards)
     trajs = segments(traj_index.tolist())
     ret = [0.0] * n

@@ -20,7 +20,9 @@ from factor_cli.credit.segments import segment_count, segment_mean
 def test_allocation_matches_loop_oracle(seed: int, eta: float, tau: float, d: float) -> None:
     b = random_batch(seed)
     got = allocation(b.gap, b.action_index, b.credit, eta, tau, d)
-    want = torch.tensor(allocation_oracle(b.gap, b.action_index, b.credit, eta, tau, d), dtype=torch.float64)
+    want = torch.tensor(
+        allocation_oracle(b.gap, b.action_index, b.credit, eta, tau, d), dtype=torch.float64
+    )
     torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
 
 
@@ -32,7 +34,9 @@ def test_allocation_matches_loop_oracle(seed: int, eta: float, tau: float, d: fl
     d=st.one_of(st.floats(1e-2, 50.0), st.just(math.inf)),
     gap_scale=st.floats(1e-3, 1e3),
 )
-def test_property_mean_one_nonnegative(seed: int, eta: float, tau: float, d: float, gap_scale: float) -> None:
+def test_property_mean_one_nonnegative(
+    seed: int, eta: float, tau: float, d: float, gap_scale: float
+) -> None:
     """Property 2: mean_j omega_{t,j} = 1 and omega >= 0 for every action, any eta, tau."""
     b = random_batch(seed, max_l=40, dtype=torch.float32)
     omega = allocation(b.gap * gap_scale, b.action_index, b.credit, eta, tau, d)
@@ -47,7 +51,9 @@ def test_zero_credit_gets_uniform_allocation() -> None:
     omega = allocation(b.gap, b.action_index, b.credit, eta=1.0)
     zero_tokens = b.credit[b.action_index] == 0
     assert zero_tokens.any()
-    torch.testing.assert_close(omega[zero_tokens], torch.ones(int(zero_tokens.sum()), dtype=torch.float64))
+    torch.testing.assert_close(
+        omega[zero_tokens], torch.ones(int(zero_tokens.sum()), dtype=torch.float64)
+    )
 
 
 def test_sign_orients_concentration() -> None:
@@ -66,7 +72,9 @@ def test_single_token_action_is_one() -> None:
 
 def test_extreme_gaps_stay_finite() -> None:
     gap = torch.tensor([1e30, -1e30, 0.0])
-    omega = allocation(gap, torch.zeros(3, dtype=torch.long), torch.tensor([1.0]), eta=1.0, tau=1e-3, d=math.inf)
+    omega = allocation(
+        gap, torch.zeros(3, dtype=torch.long), torch.tensor([1.0]), eta=1.0, tau=1e-3, d=math.inf
+    )
     assert torch.isfinite(omega).all()
     torch.testing.assert_close(omega.mean(), torch.tensor(1.0))
 
@@ -76,12 +84,17 @@ def test_batch_global_oracle_and_broken_mean() -> None:
     cfg = CreditConfig()
     eta = 0.7
     got = ALLOCATIONS.get("batch-global")(b.gap, b.action_index, b.credit, eta, cfg, None)
-    s = [((c > 0) - (c < 0)) * min(max(float(g), -cfg.d), cfg.d) / cfg.tau
-         for g, c in zip(b.gap.tolist(), b.credit[b.action_index].tolist())]
+    s = [
+        ((c > 0) - (c < 0)) * min(max(float(g), -cfg.d), cfg.d) / cfg.tau
+        for g, c in zip(b.gap.tolist(), b.credit[b.action_index].tolist())
+    ]
     m = max(s)
     z = sum(math.exp(x - m) for x in s)
     length = segment_count(b.action_index, b.credit.numel())
-    want = [(1 - eta) + eta * int(length[a]) * math.exp(x - m) / z for x, a in zip(s, b.action_index.tolist())]
+    want = [
+        (1 - eta) + eta * int(length[a]) * math.exp(x - m) / z
+        for x, a in zip(s, b.action_index.tolist())
+    ]
     torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64))
     means = segment_mean(got, b.action_index, b.credit.numel())
     assert (means - 1).abs().max() > 1e-3
@@ -97,7 +110,9 @@ def test_token_shuffled_permutes_within_actions() -> None:
         assert sorted(shuffled[toks].tolist()) == pytest.approx(sorted(plain[toks].tolist()))
     assert not torch.allclose(shuffled, plain)
     # Seeded: the same generator seed gives the same permutation.
-    again = ALLOCATIONS.get("token-shuffled")(b.gap, b.action_index, b.credit, 0.7, cfg, torch.Generator().manual_seed(0))
+    again = ALLOCATIONS.get("token-shuffled")(
+        b.gap, b.action_index, b.credit, 0.7, cfg, torch.Generator().manual_seed(0)
+    )
     torch.testing.assert_close(shuffled, again)
 
 
@@ -122,8 +137,12 @@ def test_uniform_allocation_is_ones() -> None:
     ],
 )
 def test_bad_input_names_the_argument(kwargs: dict, message: str) -> None:
-    args = {"gap": torch.tensor([0.1, 0.2, 0.3]), "action_index": torch.tensor([0, 0, 1]),
-            "credit": torch.tensor([1.0, -1.0]), "eta": 0.5}
+    args = {
+        "gap": torch.tensor([0.1, 0.2, 0.3]),
+        "action_index": torch.tensor([0, 0, 1]),
+        "credit": torch.tensor([1.0, -1.0]),
+        "eta": 0.5,
+    }
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         allocation(**args)

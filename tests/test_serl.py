@@ -19,7 +19,9 @@ def test_serl_weights_match_oracle(seed: int, alpha: float, clip: float, bounds)
     lo, hi = bounds if bounds else (1 - clip, 1 + clip)
     kw = {"psi_min": lo, "psi_max": hi} if bounds else {}
     got = serl_weights(b.gap, b.action_index, b.credit, alpha, clip, **kw)
-    want = torch.tensor(serl_oracle(b.gap, b.action_index, b.credit, alpha, lo, hi), dtype=torch.float64)
+    want = torch.tensor(
+        serl_oracle(b.gap, b.action_index, b.credit, alpha, lo, hi), dtype=torch.float64
+    )
     torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
 
 
@@ -38,7 +40,14 @@ def test_serl_extreme_gap_is_clipped() -> None:
 
 def test_serl_bad_bounds() -> None:
     with pytest.raises(ValueError, match="psi bounds"):
-        serl_weights(torch.tensor([0.0]), torch.tensor([0]), torch.tensor([1.0]), 0.5, psi_min=2.0, psi_max=1.0)
+        serl_weights(
+            torch.tensor([0.0]),
+            torch.tensor([0]),
+            torch.tensor([1.0]),
+            0.5,
+            psi_min=2.0,
+            psi_max=1.0,
+        )
     with pytest.raises(ValueError, match="alpha must lie in"):
         serl_weights(torch.tensor([0.0]), torch.tensor([0]), torch.tensor([1.0]), 1.5)
 
@@ -57,6 +66,8 @@ def test_action_kl_matches_loop_oracle_and_gradient_flows_to_student_only() -> N
     got.backward()
     assert teacher.grad is None
     assert student.grad is not None and student.grad.abs().sum() > 0
-    assert float(action_kl(teacher, teacher.detach().clone()).detach()) == pytest.approx(0.0, abs=1e-6)
+    assert float(action_kl(teacher, teacher.detach().clone()).detach()) == pytest.approx(
+        0.0, abs=1e-6
+    )
     with pytest.raises(ValueError, match="teacher_logits and student_logits"):
         action_kl(teacher, student[:, :5])

@@ -27,7 +27,9 @@ def test_td_matches_loop_oracle(seed: int) -> None:
 def test_n_step_matches_loop_oracle(seed: int, n: int) -> None:
     b = random_batch(seed)
     got = td_n_step_credit(b.rewards, b.values, b.traj_index, b.v0, n)
-    want = torch.tensor(n_step_oracle(b.rewards, b.values, b.traj_index, b.v0, n), dtype=torch.float64)
+    want = torch.tensor(
+        n_step_oracle(b.rewards, b.values, b.traj_index, b.v0, n), dtype=torch.float64
+    )
     torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
 
 
@@ -36,7 +38,9 @@ def test_n_step_matches_loop_oracle(seed: int, n: int) -> None:
 def test_gae_matches_loop_oracle(seed: int, lam: float) -> None:
     b = random_batch(seed)
     got = gae_credit(b.rewards, b.values, b.traj_index, b.v0, lam)
-    want = torch.tensor(gae_oracle(b.rewards, b.values, b.traj_index, b.v0, lam), dtype=torch.float64)
+    want = torch.tensor(
+        gae_oracle(b.rewards, b.values, b.traj_index, b.v0, lam), dtype=torch.float64
+    )
     torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
 
 
@@ -53,8 +57,10 @@ def test_pinned_small_case() -> None:
     v = torch.tensor([9.0, 0.5, 0.8], dtype=torch.float64)
     idx = torch.tensor([0, 0, 0])
     v0 = torch.tensor([0.25], dtype=torch.float64)
-    torch.testing.assert_close(td_action_credit(r, v, idx, v0), torch.tensor([0.25, 0.3, 0.2], dtype=torch.float64))
-    # 3-step: A_0 = 1 + 0 - 0.25; A_1 = 1 - 0.5; A_2 = 1 - 0.8 (V~ = 0 past T): sums to 1.45 != 0.75.
+    torch.testing.assert_close(
+        td_action_credit(r, v, idx, v0), torch.tensor([0.25, 0.3, 0.2], dtype=torch.float64)
+    )
+    # 3-step: A_0 = 1 - 0.25; A_1 = 1 - 0.5; A_2 = 1 - 0.8 (V~ = 0 past T): sum 1.45 != 0.75.
     three = td_n_step_credit(r, v, idx, v0, 3)
     torch.testing.assert_close(three, torch.tensor([0.75, 0.5, 0.2], dtype=torch.float64))
     # GAE(0.5): A_2 = 0.2, A_1 = 0.3 + 0.1 = 0.4, A_0 = 0.25 + 0.15 + 0.05 = 0.45.
@@ -63,7 +69,9 @@ def test_pinned_small_case() -> None:
 
 
 def test_single_action_trajectory() -> None:
-    got = td_action_credit(torch.tensor([1.0]), torch.tensor([0.7]), torch.tensor([0]), torch.tensor([0.4]))
+    got = td_action_credit(
+        torch.tensor([1.0]), torch.tensor([0.7]), torch.tensor([0]), torch.tensor([0.4])
+    )
     torch.testing.assert_close(got, torch.tensor([0.6]))
 
 
@@ -80,7 +88,9 @@ def test_property_telescoping(seed: int, max_t: int, scale: float) -> None:
     credit = td_action_credit(b.rewards, values, b.traj_index, b.v0)
     n = len(b.lengths_T)
     want = segment_sum(b.rewards, b.traj_index, n) - b.v0
-    torch.testing.assert_close(segment_sum(credit, b.traj_index, n), want, atol=1e-6 * max(1.0, scale), rtol=0)
+    torch.testing.assert_close(
+        segment_sum(credit, b.traj_index, n), want, atol=1e-6 * max(1.0, scale), rtol=0
+    )
 
 
 def test_n_step_and_gae_do_not_conserve_in_general() -> None:

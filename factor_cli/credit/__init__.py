@@ -9,7 +9,14 @@ Public entry points (shapes use N_tok tokens, N_act actions, N_traj trajectories
     assign_credit(batch, method, step, cfg) -> CreditAssignment   (any method by name)
 """
 
-from .advantage import CONVENTIONS, TrajectoryAdvantage, group_standardize, leave_one_out, raw_outcome, terminal_rewards
+from .advantage import (
+    CONVENTIONS,
+    TrajectoryAdvantage,
+    group_standardize,
+    leave_one_out,
+    raw_outcome,
+    terminal_rewards,
+)
 from .allocation import ALLOCATIONS, allocation, hta_scores
 from .batch import PackedBatch
 from .config import CreditConfig
@@ -22,7 +29,14 @@ from .diagnostics import (
 )
 from .estimators import ESTIMATORS, CreditInputs, broadcast_credit, uniform_credit
 from .gigpo import gigpo_advantage
-from .losses import REDUCTIONS, Objective, action_surrogates, clipped_surrogate, objective, policy_loss
+from .losses import (
+    REDUCTIONS,
+    Objective,
+    action_surrogates,
+    clipped_surrogate,
+    objective,
+    policy_loss,
+)
 from .methods import METHODS, CreditAssignment, MethodSpec, assign_credit
 from .registry import Registry
 from .schedules import alpha_schedule, eta_schedule, in_warmup
@@ -30,13 +44,45 @@ from .serl import action_kl, serl_weights
 from .tac import gae_credit, reverse_discounted_sum, td_action_credit, td_n_step_credit
 
 __all__ = [
-    "ALLOCATIONS", "CONVENTIONS", "ESTIMATORS", "METHODS", "REDUCTIONS",
-    "CreditAssignment", "CreditConfig", "CreditInputs", "MethodSpec", "Objective", "PackedBatch",
-    "Registry", "TrajectoryAdvantage",
-    "action_kl", "action_surrogate_weight", "action_surrogates", "allocation", "alpha_schedule",
-    "assign_credit", "broadcast_credit", "clipped_surrogate", "coefficient_deviation",
-    "conservation_drift", "eta_schedule", "gae_credit", "gigpo_advantage", "group_standardize",
-    "hta_scores", "in_warmup", "leave_one_out", "length_bias_table", "objective", "policy_loss",
-    "raw_outcome", "reverse_discounted_sum", "serl_weights", "sign_agreement", "td_action_credit",
-    "td_n_step_credit", "terminal_rewards", "uniform_credit",
+    "ALLOCATIONS",
+    "CONVENTIONS",
+    "ESTIMATORS",
+    "METHODS",
+    "REDUCTIONS",
+    "CreditAssignment",
+    "CreditConfig",
+    "CreditInputs",
+    "MethodSpec",
+    "Objective",
+    "PackedBatch",
+    "Registry",
+    "TrajectoryAdvantage",
+    "action_kl",
+    "action_surrogate_weight",
+    "action_surrogates",
+    "allocation",
+    "alpha_schedule",
+    "assign_credit",
+    "broadcast_credit",
+    "clipped_surrogate",
+    "coefficient_deviation",
+    "conservation_drift",
+    "eta_schedule",
+    "gae_credit",
+    "gigpo_advantage",
+    "group_standardize",
+    "hta_scores",
+    "in_warmup",
+    "leave_one_out",
+    "length_bias_table",
+    "objective",
+    "policy_loss",
+    "raw_outcome",
+    "reverse_discounted_sum",
+    "serl_weights",
+    "sign_agreement",
+    "td_action_credit",
+    "td_n_step_credit",
+    "terminal_rewards",
+    "uniform_credit",
 ]

@@ -45,14 +45,17 @@ def _groups(outcome: Tensor, group_index: Tensor) -> tuple[Tensor, Tensor, int]:
 
 @CONVENTIONS.register("leave-one-out")
 def leave_one_out(outcome: Tensor, group_index: Tensor) -> TrajectoryAdvantage:
-    """ALFWorld / TWX: b_i = 1/(K-1) sum_{j != i} G_j,  A^seq_i = G_i - b_i,  r_{T-1} = G_i,  V~(x_0) = b_i.
+    """ALFWorld / TWX: b_i = 1/(K-1) sum_{j != i} G_j,  A^seq_i = G_i - b_i,
+    r_{T-1} = G_i,  V~(x_0) = b_i.
 
     Shapes: outcome G[N_traj], group_index[N_traj]. Every group needs K >= 2 members.
     """
     outcome, group_index, n = _groups(outcome, group_index)
     size = segment_count(group_index, n)
     if bool((size[size > 0] < 2).any()):
-        raise ValueError("group_index has a group of size 1: the leave-one-out baseline needs K >= 2")
+        raise ValueError(
+            "group_index has a group of size 1: the leave-one-out baseline needs K >= 2"
+        )
     total = segment_sum(outcome, group_index, n)[group_index]
     baseline = (total - outcome) / (size[group_index] - 1).to(outcome.dtype)
     return TrajectoryAdvantage(a_seq=outcome - baseline, terminal=outcome, v0=baseline)
@@ -79,7 +82,9 @@ def group_standardize(
 def raw_outcome(outcome: Tensor, group_index: Tensor) -> TrajectoryAdvantage:
     """ScienceWorld: A^seq_i = G_i,  r_{T-1} = G_i,  V~(x_0) = 0 (no group baseline)."""
     outcome, _, _ = _groups(outcome, group_index)
-    return TrajectoryAdvantage(a_seq=outcome.clone(), terminal=outcome.clone(), v0=torch.zeros_like(outcome))
+    return TrajectoryAdvantage(
+        a_seq=outcome.clone(), terminal=outcome.clone(), v0=torch.zeros_like(outcome)
+    )
 
 
 def terminal_rewards(terminal: Tensor, traj_index: Tensor) -> Tensor:

@@ -22,7 +22,9 @@ from .config import CreditConfig
 from .registry import Registry
 from .segments import permute_within_segments, segment_count, segment_softmax
 
-Allocation = Callable[[Tensor, Tensor, Tensor, float, CreditConfig, "torch.Generator | None"], Tensor]
+Allocation = Callable[
+    [Tensor, Tensor, Tensor, float, CreditConfig, "torch.Generator | None"], Tensor
+]
 ALLOCATIONS: Registry[Allocation] = Registry("allocation")
 
 
@@ -63,24 +65,26 @@ def allocation(
     eta = checks.unit_interval("eta", eta)
     tau = checks.positive("tau", tau)
     d = checks.positive("d", d, allow_inf=True)
-    soft = segment_softmax(hta_scores(gap, action_index, credit, d) / tau, action_index, credit.numel())
+    soft = segment_softmax(
+        hta_scores(gap, action_index, credit, d) / tau, action_index, credit.numel()
+    )
     return (1.0 - eta) + eta * length[action_index].to(gap.dtype) * soft
 
 
 @ALLOCATIONS.register("per-action")
-def _per_action(gap, action_index, credit, strength, cfg, generator):  # noqa: ANN001
+def _per_action(gap, action_index, credit, strength, cfg, generator):
     return allocation(gap, action_index, credit, strength, cfg.tau, cfg.d)
 
 
 @ALLOCATIONS.register("uniform")
-def uniform_allocation(gap, action_index, credit, strength, cfg, generator):  # noqa: ANN001
+def uniform_allocation(gap, action_index, credit, strength, cfg, generator):
     """omega_{t,j} = 1 (w/o HTA: eta == 0, the teacher gap is ignored)."""
     validate_tokens(gap, action_index, credit)
     return torch.ones_like(gap)
 
 
 @ALLOCATIONS.register("batch-global")
-def batch_global_allocation(gap, action_index, credit, strength, cfg, generator):  # noqa: ANN001
+def batch_global_allocation(gap, action_index, credit, strength, cfg, generator):
     """Batch-global norm ablation: one softmax over every action token of the batch,
 
         rho_{t,j} = (1 - eta) / L_t + eta * softmax_batch(s_{t,j} / tau),  omega = L_t rho,
@@ -95,7 +99,7 @@ def batch_global_allocation(gap, action_index, credit, strength, cfg, generator)
 
 
 @ALLOCATIONS.register("token-shuffled")
-def token_shuffled_allocation(gap, action_index, credit, strength, cfg, generator):  # noqa: ANN001
+def token_shuffled_allocation(gap, action_index, credit, strength, cfg, generator):
     """TokenShuffled ablation: the gaps are permuted at random within each action before APM.
 
     The permutation is drawn from ``generator`` (a fresh one per step in training), so the

@@ -73,11 +73,13 @@ class PackedBatch:
     def gap(self) -> Tensor:
         """Delta_{t,j} = log pi_T - log pi_old, [N_tok]."""
         if self.logp_teacher is None:
-            raise ValueError("logp_teacher is missing: the hindsight gap needs the teacher's log-probs")
+            raise ValueError(
+                "logp_teacher is missing: the hindsight gap needs the teacher's log-probs"
+            )
         return self.logp_teacher - self.logp_old
 
     def validate(self) -> PackedBatch:
-        """Check shapes, index ranges, contiguity and finiteness; raise ValueError naming the field."""
+        """Check shapes, index ranges, contiguity, finiteness; ValueError names the field."""
         checks.vector("outcome", self.outcome)
         checks.non_empty("outcome", self.outcome)
         n_traj, n_act = self.num_trajectories, self.num_actions

@@ -37,7 +37,9 @@ def index(name: str, idx: Tensor, size: int, *, length: int | None = None) -> Te
     if length is not None and idx.numel() != length:
         raise ValueError(f"{name} has length {idx.numel()}, expected {length}")
     if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= size):
-        raise ValueError(f"{name} values must lie in [0, {size}), got [{int(idx.min())}, {int(idx.max())}]")
+        raise ValueError(
+            f"{name} values must lie in [0, {size}), got [{int(idx.min())}, {int(idx.max())}]"
+        )
     return idx.long()
 
 

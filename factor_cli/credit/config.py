@@ -6,6 +6,7 @@ exactly once.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, fields
 
@@ -41,7 +42,9 @@ class CreditConfig:
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ValueError:
-            return ValueError(f"credit.{name} = {getattr(self, name)!r} is invalid: must be {allowed}")
+            return ValueError(
+                f"credit.{name} = {getattr(self, name)!r} is invalid: must be {allowed}"
+            )
 
         if not (self.d > 0):
             raise bad("d", "> 0 (math.inf for no clipping)")
@@ -78,8 +81,8 @@ class CreditConfig:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
         body = tree.body[0].body  # type: ignore[attr-defined]
         docs: dict[str, str] = {}
-        for node, nxt in zip(body, body[1:]):
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-                    docs[node.target.id] = str(nxt.value.value)
+        for node, nxt in itertools.pairwise(body):
+            is_field = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+            if is_field and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+                docs[node.target.id] = str(nxt.value.value)
         return {f.name: docs.get(f.name, "") for f in fields(cls)}

@@ -26,7 +26,9 @@ def conservation_drift(credit: Tensor, traj_index: Tensor, a_seq: Tensor) -> Ten
     return segment_sum(credit, traj_index.long(), a_seq.numel()) - a_seq
 
 
-def action_surrogate_weight(weight: Tensor, action_index: Tensor, num_actions: int, reduction: str) -> Tensor:
+def action_surrogate_weight(
+    weight: Tensor, action_index: Tensor, num_actions: int, reduction: str
+) -> Tensor:
     """Weight of each action's credit in the pre-clipping surrogate at q = 1, normalised so that
     an action with mean multiplier 1 weighs 1 under action-mean:
 
@@ -59,14 +61,18 @@ def length_bias_table(
     count = segment_count(bins, n_bins)
     mean = segment_sum(surrogate_weight.double(), bins, n_bins) / count.clamp_min(1)
     lo = [1, *[e + 1 for e in edges]]
-    labels = [f"Q{b + 1} ({lo[b]}-{edges[b]})" for b in range(len(edges))] + [f"Q{n_bins} (>={lo[-1]})"]
+    labels = [f"Q{b + 1} ({lo[b]}-{edges[b]})" for b in range(len(edges))] + [
+        f"Q{n_bins} (>={lo[-1]})"
+    ]
     return [
-        (labels[b], int(count[b]), float(mean[b]) if count[b] > 0 else float("nan")) for b in range(n_bins)
+        (labels[b], int(count[b]), float(mean[b]) if count[b] > 0 else float("nan"))
+        for b in range(n_bins)
     ]
 
 
 def sign_agreement(credit: Tensor, reference: Tensor, min_abs: float = 1e-6) -> float:
-    """Fraction of actions with sign(credit) = sign(reference) among those where both |.| >= min_abs.
+    """Fraction of actions with sign(credit) = sign(reference), among those where both
+    |credit|, |reference| >= min_abs.
 
     NaN when no action qualifies.
     """

@@ -59,7 +59,9 @@ class Estimator:
     conserves: bool
     summary: str
 
-    def __call__(self, inp: CreditInputs, cfg: CreditConfig, generator: torch.Generator | None = None) -> Tensor:
+    def __call__(
+        self, inp: CreditInputs, cfg: CreditConfig, generator: torch.Generator | None = None
+    ) -> Tensor:
         return self.fn(inp, cfg, generator)
 
 
@@ -78,12 +80,16 @@ def _gae(inp: CreditInputs, cfg: CreditConfig, gen: torch.Generator | None, lam:
     return gae_credit(inp.rewards, inp.values, inp.traj_index, inp.v0, lam)
 
 
-def broadcast_credit(inp: CreditInputs, cfg: CreditConfig, gen: torch.Generator | None = None) -> Tensor:
+def broadcast_credit(
+    inp: CreditInputs, cfg: CreditConfig, gen: torch.Generator | None = None
+) -> Tensor:
     """A_t = A^seq_i for every action of trajectory i (GRPO's broadcast; Monte-Carlo credit)."""
     return inp.a_seq[inp.traj_index]
 
 
-def uniform_credit(inp: CreditInputs, cfg: CreditConfig, gen: torch.Generator | None = None) -> Tensor:
+def uniform_credit(
+    inp: CreditInputs, cfg: CreditConfig, gen: torch.Generator | None = None
+) -> Tensor:
     """A_t = A^seq_i / T_i (w/o TAC, and every TAC method during the value-head warm-up)."""
     t = inp.num_actions_per_traj.clamp_min(1).to(inp.a_seq.dtype)
     return (inp.a_seq / t)[inp.traj_index]
@@ -96,10 +102,18 @@ def _td_shuffled(inp: CreditInputs, cfg: CreditConfig, gen: torch.Generator | No
 
 def _gigpo(inp: CreditInputs, cfg: CreditConfig, gen: torch.Generator | None) -> Tensor:
     if inp.state_key is None:
-        raise ValueError("state_key is required by the gigpo estimator (one observation id per action)")
+        raise ValueError(
+            "state_key is required by the gigpo estimator (one observation id per action)"
+        )
     return gigpo_advantage(
-        inp.rewards, inp.traj_index, inp.group_index, inp.state_key, inp.a_seq,
-        gamma=cfg.gigpo_gamma, omega=cfg.gigpo_omega, norm=cfg.gigpo_norm,
+        inp.rewards,
+        inp.traj_index,
+        inp.group_index,
+        inp.state_key,
+        inp.a_seq,
+        gamma=cfg.gigpo_gamma,
+        omega=cfg.gigpo_omega,
+        norm=cfg.gigpo_norm,
     )
 
 
@@ -107,9 +121,24 @@ ESTIMATORS.add("td", Estimator(_td, True, True, "one-step TD residual on V~ (TAC
 for _n in (3, 5):
     ESTIMATORS.add(f"td-{_n}", Estimator(partial(_td_n, n=_n), True, False, f"{_n}-step TD on V~"))
 for _lam in (0.9, 0.95):
-    ESTIMATORS.add(f"gae-{_lam}", Estimator(partial(_gae, lam=_lam), True, False, f"GAE(lambda={_lam}), gamma=1, truncated at T"))
-ESTIMATORS.add("broadcast", Estimator(broadcast_credit, False, False, "A^seq on every action (GRPO / SERL)"))
-ESTIMATORS.add("mc", Estimator(broadcast_credit, False, False, "Monte-Carlo: episode return minus baseline, A^seq"))
+    ESTIMATORS.add(
+        f"gae-{_lam}",
+        Estimator(
+            partial(_gae, lam=_lam), True, False, f"GAE(lambda={_lam}), gamma=1, truncated at T"
+        ),
+    )
+ESTIMATORS.add(
+    "broadcast", Estimator(broadcast_credit, False, False, "A^seq on every action (GRPO / SERL)")
+)
+ESTIMATORS.add(
+    "mc",
+    Estimator(broadcast_credit, False, False, "Monte-Carlo: episode return minus baseline, A^seq"),
+)
 ESTIMATORS.add("uniform", Estimator(uniform_credit, False, True, "A^seq / T (w/o TAC)"))
-ESTIMATORS.add("td-shuffled", Estimator(_td_shuffled, True, True, "TAC permuted within each trajectory (CreditShuffled)"))
-ESTIMATORS.add("gigpo", Estimator(_gigpo, False, False, "GiGPO: A^seq + omega * anchor-state step advantage"))
+ESTIMATORS.add(
+    "td-shuffled",
+    Estimator(_td_shuffled, True, True, "TAC permuted within each trajectory (CreditShuffled)"),
+)
+ESTIMATORS.add(
+    "gigpo", Estimator(_gigpo, False, False, "GiGPO: A^seq + omega * anchor-state step advantage")
+)

@@ -42,7 +42,9 @@ def action_mean(per_token: Tensor, action_index: Tensor, normalizer: float | Non
     n = int(action_index.max()) + 1
     length = segment_count(action_index, n)
     present = length > 0
-    per_action = segment_sum(per_token, action_index, n)[present] / length[present].to(per_token.dtype)
+    per_action = segment_sum(per_token, action_index, n)[present] / length[present].to(
+        per_token.dtype
+    )
     denom = per_action.numel() if normalizer is None else normalizer
     return per_action.sum() / denom
 
@@ -58,7 +60,9 @@ def _validate(logp: Tensor, logp_old: Tensor, coef: Tensor, action_index: Tensor
     return checks.index("action_index", action_index, size, length=logp.numel())
 
 
-def clipped_surrogate(logp: Tensor, logp_old: Tensor, coef: Tensor, clip_eps: float = 0.2) -> Tensor:
+def clipped_surrogate(
+    logp: Tensor, logp_old: Tensor, coef: Tensor, clip_eps: float = 0.2
+) -> Tensor:
     """l_{t,j} = -min(q C, clip(q, 1 - eps, 1 + eps) C), shape [N_tok]."""
     q = torch.exp(logp - logp_old)
     return -torch.minimum(q * coef, q.clamp(1.0 - clip_eps, 1.0 + clip_eps) * coef)
@@ -99,7 +103,9 @@ def action_surrogates(logp: Tensor, logp_old: Tensor, coef: Tensor, action_index
     action_index = _validate(logp, logp_old, coef, action_index)
     n = int(action_index.max()) + 1
     q = torch.exp(logp - logp_old)
-    return segment_sum(q * coef, action_index, n) / segment_count(action_index, n).clamp_min(1).to(coef.dtype)
+    return segment_sum(q * coef, action_index, n) / segment_count(action_index, n).clamp_min(1).to(
+        coef.dtype
+    )
 
 
 @dataclass(frozen=True)
@@ -128,4 +134,6 @@ def objective(
     non_action_loss = zero if non_action_loss is None else non_action_loss
     kl = zero if kl is None else kl
     total = action_loss + non_action_loss + (kl_coef * kl if kl_coef else zero)
-    return Objective(total=total, action=action_loss, non_action=non_action_loss, kl=kl, kl_coef=kl_coef)
+    return Objective(
+        total=total, action=action_loss, non_action=non_action_loss, kl=kl, kl_coef=kl_coef
+    )

@@ -70,42 +70,108 @@ def _add(spec: MethodSpec) -> None:
 
 
 _FACTOR = MethodSpec(
-    "factor", "td", "per-action", "eta", kl=True, continuations=True, warmup=True,
+    "factor",
+    "td",
+    "per-action",
+    "eta",
+    kl=True,
+    continuations=True,
+    warmup=True,
     summary="TAC credit + HTA/APM allocation + action-mean (+ SERL's action KL)",
 )
 _SERL = MethodSpec(
-    "serl-repro", "broadcast", "serl-psi", "alpha", kl=True, continuations=False,
+    "serl-repro",
+    "broadcast",
+    "serl-psi",
+    "alpha",
+    kl=True,
+    continuations=False,
     summary="SERL: A^seq x psi multipliers + action KL",
 )
 for _spec in (
-    MethodSpec("grpo", "broadcast", "uniform", "none", kl=False, continuations=False,
-               summary="A^seq broadcast to every action and token"),
+    MethodSpec(
+        "grpo",
+        "broadcast",
+        "uniform",
+        "none",
+        kl=False,
+        continuations=False,
+        summary="A^seq broadcast to every action and token",
+    ),
     _SERL,
-    replace(_SERL, name="serl-uniform", allocation="uniform", schedule="none",
-            summary="SERL with alpha == 0 (KL term only)"),
-    replace(_SERL, name="serl-extended", steps=188, summary="SERL-Repro for 188 steps (compute-matched)"),
-    replace(_SERL, name="serl-actionnorm", reduction="action-mean",
-            summary="SERL with the action-mean reduction forced"),
+    replace(
+        _SERL,
+        name="serl-uniform",
+        allocation="uniform",
+        schedule="none",
+        summary="SERL with alpha == 0 (KL term only)",
+    ),
+    replace(
+        _SERL, name="serl-extended", steps=188, summary="SERL-Repro for 188 steps (compute-matched)"
+    ),
+    replace(
+        _SERL,
+        name="serl-actionnorm",
+        reduction="action-mean",
+        summary="SERL with the action-mean reduction forced",
+    ),
     _FACTOR,
-    replace(_FACTOR, name="wo-tac", estimator="uniform", summary="FACTOR with uniform credit A^seq/T"),
-    replace(_FACTOR, name="wo-hta", allocation="uniform", schedule="none",
-            summary="FACTOR with eta == 0 (uniform allocation)"),
-    replace(_FACTOR, name="batch-global-norm", allocation="batch-global",
-            summary="FACTOR with one softmax over the whole batch"),
-    replace(_FACTOR, name="token-shuffled", allocation="token-shuffled",
-            summary="FACTOR with gaps permuted within each action"),
-    replace(_FACTOR, name="credit-shuffled", estimator="td-shuffled",
-            summary="FACTOR with TAC permuted within each trajectory"),
-    replace(_FACTOR, name="tac-serl-psi", allocation="serl-psi", schedule="alpha", reduction="token-mean",
-            summary="TAC credit x SERL psi, token-mean, no APM"),
-    MethodSpec("gigpo", "gigpo", "uniform", "none", kl=False, continuations=False,
-               summary="GiGPO: episode + anchor-state step advantage"),
+    replace(
+        _FACTOR, name="wo-tac", estimator="uniform", summary="FACTOR with uniform credit A^seq/T"
+    ),
+    replace(
+        _FACTOR,
+        name="wo-hta",
+        allocation="uniform",
+        schedule="none",
+        summary="FACTOR with eta == 0 (uniform allocation)",
+    ),
+    replace(
+        _FACTOR,
+        name="batch-global-norm",
+        allocation="batch-global",
+        summary="FACTOR with one softmax over the whole batch",
+    ),
+    replace(
+        _FACTOR,
+        name="token-shuffled",
+        allocation="token-shuffled",
+        summary="FACTOR with gaps permuted within each action",
+    ),
+    replace(
+        _FACTOR,
+        name="credit-shuffled",
+        estimator="td-shuffled",
+        summary="FACTOR with TAC permuted within each trajectory",
+    ),
+    replace(
+        _FACTOR,
+        name="tac-serl-psi",
+        allocation="serl-psi",
+        schedule="alpha",
+        reduction="token-mean",
+        summary="TAC credit x SERL psi, token-mean, no APM",
+    ),
+    MethodSpec(
+        "gigpo",
+        "gigpo",
+        "uniform",
+        "none",
+        kl=False,
+        continuations=False,
+        summary="GiGPO: episode + anchor-state step advantage",
+    ),
     replace(_FACTOR, name="td-3", estimator="td-3", summary="FACTOR with 3-step TD credit"),
     replace(_FACTOR, name="td-5", estimator="td-5", summary="FACTOR with 5-step TD credit"),
     replace(_FACTOR, name="gae-0.9", estimator="gae-0.9", summary="FACTOR with GAE(0.9) credit"),
     replace(_FACTOR, name="gae-0.95", estimator="gae-0.95", summary="FACTOR with GAE(0.95) credit"),
-    replace(_FACTOR, name="mc", estimator="mc", continuations=False,
-            summary="FACTOR with Monte-Carlo credit (no value head)"),
+    replace(
+        _FACTOR,
+        name="mc",
+        estimator="mc",
+        continuations=False,
+        summary="FACTOR with Monte-Carlo credit (no value head)",
+    ),
 ):
     _add(_spec)
 
@@ -158,12 +224,18 @@ def assign_credit(
     estimator = ESTIMATORS.get(spec.estimator)
     warm = spec.warmup and estimator.uses_values and in_warmup(step, cfg)
     if estimator.uses_values and not warm and batch.values is None:
-        raise ValueError(f"values is missing: method {method!r} ({spec.estimator} credit) needs the value head")
+        raise ValueError(
+            f"values is missing: method {method!r} ({spec.estimator} credit) needs the value head"
+        )
     values = batch.values if batch.values is not None else torch.zeros_like(rewards)
-    inp = CreditInputs(rewards, values, traj, adv.v0, adv.a_seq, batch.group_index.long(), batch.state_key)
+    inp = CreditInputs(
+        rewards, values, traj, adv.v0, adv.a_seq, batch.group_index.long(), batch.state_key
+    )
     credit = uniform_credit(inp, cfg) if warm else estimator(inp, cfg, generator)
 
-    strength = {"eta": eta_schedule, "alpha": alpha_schedule}.get(spec.schedule, lambda k, c: 0.0)(step, cfg)
+    strength = {"eta": eta_schedule, "alpha": alpha_schedule}.get(spec.schedule, lambda k, c: 0.0)(
+        step, cfg
+    )
     action_index = batch.action_index.long()
     if spec.uses_teacher and spec.allocation != "uniform":
         gap = batch.gap

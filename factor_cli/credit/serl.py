@@ -49,7 +49,7 @@ def serl_weights(
 
 
 @ALLOCATIONS.register("serl-psi")
-def _serl_psi(gap, action_index, credit, strength, cfg, generator):  # noqa: ANN001
+def _serl_psi(gap, action_index, credit, strength, cfg, generator):
     lo, hi = cfg.psi_bounds
     return serl_weights(gap, action_index, credit, strength, cfg.psi_clip, lo, hi)
 
@@ -59,7 +59,9 @@ def action_kl(
 ) -> Tensor:
     """SERL's action-only distillation term L^SERL_act (forward KL, teacher detached):
 
-        L = 1/N_tok sum_{(t,j)} sum_v p_T(v | x_t, Phi_t, y_{t,<j}) [log p_T(v | ...) - log p_theta(v | x_t, y_{t,<j})]
+        L = 1/N_tok sum_{(t,j)} sum_v p_T(v) [log p_T(v) - log p_theta(v)],
+
+    p_T(v) = pi_T(v | x_t, Phi_t, y_{t,<j}),  p_theta(v) = pi_theta(v | x_t, y_{t,<j}).
 
     Args:
         teacher_logits, student_logits: next-token logits at the action tokens, [N_tok, V].

@@ -66,7 +66,9 @@ def td_action_credit(rewards: Tensor, values: Tensor, traj_index: Tensor, v0: Te
     return rewards + v_next - v_now
 
 
-def td_n_step_credit(rewards: Tensor, values: Tensor, traj_index: Tensor, v0: Tensor, n: int) -> Tensor:
+def td_n_step_credit(
+    rewards: Tensor, values: Tensor, traj_index: Tensor, v0: Tensor, n: int
+) -> Tensor:
     """n-step TD:  A_t = sum_{i<n} r_{t+i} + V~(x_{t+n}) - V~(x_t),  with r = V~ = 0 past T.
 
     Shapes as :func:`td_action_credit`; n >= 1 (n = 1 is one-step TAC).
@@ -85,7 +87,7 @@ def td_n_step_credit(rewards: Tensor, values: Tensor, traj_index: Tensor, v0: Te
 
 
 def reverse_discounted_sum(x: Tensor, traj_index: Tensor, num_traj: int, factor: float) -> Tensor:
-    """y_t = sum_{s=t}^{T-1} factor^{s-t} x_s within each trajectory (truncated at T), shape [N_act].
+    """y_t = sum_{s=t}^{T-1} factor^{s-t} x_s within each trajectory (truncated at T), [N_act].
 
     Computed as one [N_traj, T_max] x [T_max, T_max] product with the upper-triangular matrix of
     powers, which is exact and stable where a factor^{-t} rescaling trick would overflow.
@@ -98,7 +100,9 @@ def reverse_discounted_sum(x: Tensor, traj_index: Tensor, num_traj: int, factor:
     return lay.unpad(dense @ powers.to(x.dtype), traj_index)
 
 
-def gae_credit(rewards: Tensor, values: Tensor, traj_index: Tensor, v0: Tensor, lam: float) -> Tensor:
+def gae_credit(
+    rewards: Tensor, values: Tensor, traj_index: Tensor, v0: Tensor, lam: float
+) -> Tensor:
     """GAE(lambda), gamma = 1, truncated at T:  A_t = sum_{l=0}^{T-1-t} lambda^l delta_{t+l},
 
     where delta_t = r_t + V~(x_{t+1}) - V~(x_t) is the one-step TAC residual. lambda in [0, 1];
