@@ -1,0 +1,1 @@
+"""Rollouts: recorded trajectory groups and their packing into the credit core's batch."""
