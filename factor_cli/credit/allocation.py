@@ -42,7 +42,7 @@ def validate_tokens(gap: Tensor, action_index: Tensor, credit: Tensor) -> tuple[
 
 def hta_scores(gap: Tensor, action_index: Tensor, credit: Tensor, d: float) -> Tensor:
     """s_{t,j} = sign(A*_t) * clip(Delta_{t,j}, -d, d); sign(0) = 0. Shape [N_tok]."""
-    return torch.sign(credit)[action_index] * gap.clamp(-d, d)
+    return torch.sign(credit).index_select(0, action_index) * gap.clamp(-d, d)
 
 
 def allocation(
@@ -65,10 +65,9 @@ def allocation(
     eta = checks.unit_interval("eta", eta)
     tau = checks.positive("tau", tau)
     d = checks.positive("d", d, allow_inf=True)
-    soft = segment_softmax(
-        hta_scores(gap, action_index, credit, d) / tau, action_index, credit.numel()
-    )
-    return (1.0 - eta) + eta * length[action_index].to(gap.dtype) * soft
+    scores = hta_scores(gap, action_index, credit, d) / tau
+    soft = segment_softmax(scores, action_index, credit.numel(), max_abs=d / tau)
+    return (1.0 - eta) + eta * length.to(gap.dtype).index_select(0, action_index) * soft
 
 
 @ALLOCATIONS.register("per-action")

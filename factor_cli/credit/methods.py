@@ -248,7 +248,7 @@ def assign_credit(
         rewards=rewards,
         credit=credit,
         weight=weight,
-        coef=credit[action_index] * weight,
+        coef=credit.index_select(0, action_index) * weight,
         reduction=spec.reduction or reduction,
         strength=strength,
         kl_coef=alpha_schedule(step, cfg) if spec.kl else 0.0,

@@ -35,14 +35,22 @@ def segment_max(x: Tensor, index: Tensor, num_segments: int) -> Tensor:
     return out.scatter_reduce(0, index, x, reduce="amax", include_self=True)
 
 
-def segment_softmax(x: Tensor, index: Tensor, num_segments: int) -> Tensor:
+SAFE_EXP = 60.0  # exp(+-60) is comfortably inside float32's range
+
+
+def segment_softmax(
+    x: Tensor, index: Tensor, num_segments: int, max_abs: float | None = None
+) -> Tensor:
     """softmax_j(x) within each segment, shape like x; each segment sums to 1.
 
-    The per-segment max is subtracted first, so large logits cannot overflow.
+    The per-segment max is subtracted first so large logits cannot overflow, unless the caller
+    guarantees |x| <= max_abs <= 60 (e.g. scores clipped to [-d/tau, d/tau]), where the shift
+    cannot change the result and is skipped.
     """
-    shifted = x - segment_max(x, index, num_segments).detach()[index]
-    e = shifted.exp()
-    return e / segment_sum(e, index, num_segments)[index]
+    if max_abs is None or max_abs > SAFE_EXP:
+        x = x - segment_max(x, index, num_segments).detach().index_select(0, index)
+    e = x.exp()
+    return e / segment_sum(e, index, num_segments).index_select(0, index)
 
 
 @dataclass(frozen=True)
