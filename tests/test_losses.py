@@ -12,6 +12,7 @@ from factor_cli.credit import (
     action_surrogate_weight,
     action_surrogates,
     allocation,
+    non_action_loss,
     objective,
     policy_loss,
 )
@@ -143,3 +144,14 @@ def test_bad_input(kwargs: dict, message: str) -> None:
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         policy_loss(**args)
+
+
+def test_non_action_loss_is_token_mean_with_a_seq() -> None:
+    b = random_batch(10)
+    a_seq = torch.randn(len(b.lengths_T), dtype=torch.float64)
+    traj_of_tok = b.traj_index[b.action_index]
+    got = non_action_loss(b.logp, b.logp_old, traj_of_tok, a_seq)
+    want = loss_oracle(b.logp, b.logp_old, a_seq[traj_of_tok], b.action_index, "token-mean", 0.2)
+    assert float(got) == pytest.approx(want, abs=1e-12)
+    with pytest.raises(ValueError, match="token_traj_index values must lie in"):
+        non_action_loss(b.logp, b.logp_old, traj_of_tok + 100, a_seq)

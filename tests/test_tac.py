@@ -136,3 +136,22 @@ def test_bad_input_names_the_argument(kwargs: dict, message: str) -> None:
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         td_action_credit(**args)
+
+
+def test_monte_carlo_credit_pinned_and_not_conserving() -> None:
+    from factor_cli.credit import CreditInputs, broadcast_credit, conservation_drift
+
+    traj = torch.tensor([0, 0, 0, 1])
+    a_seq = torch.tensor([0.5, -1.0])
+    inp = CreditInputs(
+        rewards=torch.zeros(4),
+        values=torch.zeros(4),
+        traj_index=traj,
+        v0=torch.zeros(2),
+        a_seq=a_seq,
+        group_index=torch.tensor([0, 0]),
+    )
+    credit = broadcast_credit(inp, None)  # type: ignore[arg-type]
+    torch.testing.assert_close(credit, torch.tensor([0.5, 0.5, 0.5, -1.0]))
+    # Every action gets A^seq: the sum is T_i A^seq_i, a drift of (T_i - 1) A^seq_i.
+    torch.testing.assert_close(conservation_drift(credit, traj, a_seq), torch.tensor([1.0, 0.0]))

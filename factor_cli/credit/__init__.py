@@ -34,6 +34,7 @@ from .losses import (
     Objective,
     action_surrogates,
     clipped_surrogate,
+    non_action_loss,
     objective,
     policy_loss,
 )
@@ -75,6 +76,7 @@ __all__ = [
     "in_warmup",
     "leave_one_out",
     "length_bias_table",
+    "non_action_loss",
     "objective",
     "policy_loss",
     "raw_outcome",

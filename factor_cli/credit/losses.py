@@ -108,6 +108,30 @@ def action_surrogates(logp: Tensor, logp_old: Tensor, coef: Tensor, action_index
     )
 
 
+def non_action_loss(
+    logp: Tensor,
+    logp_old: Tensor,
+    token_traj_index: Tensor,
+    a_seq: Tensor,
+    clip_eps: float = 0.2,
+    normalizer: float | None = None,
+) -> Tensor:
+    """L_non-act: token-mean clipped surrogate over non-action tokens with C = A^seq_i.
+
+    Non-action tokens are the reply's reasoning, the ``<action>`` tags and formatting outside the
+    executable action text; they carry their trajectory's advantage unchanged.
+
+    Args:
+        logp, logp_old: log-probs of the non-action tokens, [N_na].
+        token_traj_index: trajectory of each non-action token, [N_na].
+        a_seq: A^seq_i, [N_traj].
+    """
+    checks.vector("a_seq", a_seq)
+    idx = checks.index("token_traj_index", token_traj_index, a_seq.numel(), length=logp.numel())
+    coef = a_seq.index_select(0, idx).to(logp.dtype)
+    return policy_loss(logp, logp_old, coef, idx, "token-mean", clip_eps, normalizer)
+
+
 @dataclass(frozen=True)
 class Objective:
     """L = L_act + L_non-act + lambda_k L^SERL_act, with each term kept for logging."""
