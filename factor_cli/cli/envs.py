@@ -1,0 +1,111 @@
+"""`factor envs ...`: list the environments, play one, generate ALFWorld problems."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from factor_cli.envs import ENVIRONMENTS, EnvError, availability, make_env
+
+from .common import console, err_console, fail
+
+app = typer.Typer(
+    help="Environments: availability, interactive play, generated data.", no_args_is_help=True
+)
+
+
+@app.command("list")
+def list_cmd() -> None:
+    """Each environment adapter: available here, or exactly what is missing and how to get it."""
+    wide = console.width >= 140  # convention and metric only fit a wide terminal
+    table = Table(title="Environments")
+    table.add_column("name", style="bold", no_wrap=True)
+    table.add_column("status", ratio=1)
+    table.add_column("instance id", no_wrap=True)
+    table.add_column("turns", justify="right", no_wrap=True)
+    if wide:
+        table.add_column("convention", no_wrap=True)
+        table.add_column("metric")
+    for name in ENVIRONMENTS:
+        spec = ENVIRONMENTS.get(name).spec
+        missing = availability(name)
+        status = "[green]available[/]" if missing is None else f"[red]missing:[/] {missing}"
+        row = [name, status, spec.instance_format, str(spec.max_turns)]
+        table.add_row(*row, *([spec.convention, spec.metric] if wide else []))
+    console.print(table)
+
+
+@app.command("play")
+def play_cmd(
+    env_name: str = typer.Argument(
+        ..., metavar="ENV", help="Environment name (see `factor envs list`)."
+    ),
+    instance: str = typer.Option(
+        ..., "--instance", "-i", help="Instance id, e.g. coin/17 or boil/L0/3."
+    ),
+    script: Path | None = typer.Option(
+        None, "--script", "-s", help="File with one action per line; no prompt."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print a JSON summary at the end (with --script)."
+    ),
+    show_valid: bool = typer.Option(
+        False, "--valid", help="Show the valid actions after each step."
+    ),
+) -> None:
+    """Play an instance in the terminal (type actions; `quit` to stop), or run a script of actions.
+
+    With --json the summary is {"instance", "steps", "done", "success", "score", "outcome"}.
+    """
+    if env_name not in ENVIRONMENTS:
+        fail(f"unknown environment {env_name!r}; valid: {', '.join(ENVIRONMENTS.names())}")
+    actions: list[str] | None = None
+    if script is not None:
+        if not script.exists():
+            fail(f"{script}: no such script file; write one action per line")
+        actions = [ln.strip() for ln in script.read_text().splitlines() if ln.strip()]
+    out = err_console if as_json else console
+    try:
+        with make_env(env_name) as env:
+            obs = env.reset(instance)
+            out.print(f"[bold]{env.task_description()}[/]")
+            out.print(obs)
+            steps = 0
+            while not env.done:
+                if actions is not None:
+                    if steps >= len(actions):
+                        break
+                    action = actions[steps]
+                    out.print(f"[cyan]> {action}[/]")
+                else:
+                    if show_valid:
+                        out.print(f"[dim]valid: {', '.join(env.valid_actions()[:40])}[/]")
+                    action = typer.prompt(">", prompt_suffix=" ").strip()
+                    if action in ("quit", "exit"):
+                        break
+                result = env.step(action)
+                steps += 1
+                out.print(result.observation)
+                if not result.valid:
+                    out.print("[yellow](invalid action)[/]")
+            res = env.outcome()
+            summary = {
+                "instance": instance,
+                "steps": steps,
+                "done": env.done,
+                "success": res.success,
+                "score": res.score,
+                "outcome": res.outcome,
+            }
+    except EnvError as exc:
+        fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps(summary))
+    else:
+        console.print(
+            f"[bold]done={summary['done']} success={summary['success']} "
+            f"score={summary['score']} outcome={summary['outcome']}[/]"
+        )

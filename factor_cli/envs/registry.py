@@ -1,0 +1,38 @@
+"""Environment adapters by name. Engines are imported lazily, so listing costs nothing."""
+
+from __future__ import annotations
+
+from factor_cli.credit.registry import Registry
+
+from .base import Environment, EnvUnavailable
+
+ENVIRONMENTS: Registry[type[Environment]] = Registry("environment")
+
+
+def register(name: str):
+    """Class decorator: ``@register("twx")`` adds an adapter under its spec name."""
+
+    def deco(cls: type[Environment]) -> type[Environment]:
+        if cls.spec.name != name:
+            raise ValueError(
+                f"adapter {cls.__name__} has spec name {cls.spec.name!r}, not {name!r}"
+            )
+        ENVIRONMENTS.add(name, cls)
+        return cls
+
+    return deco
+
+
+def availability(name: str) -> str | None:
+    """None when ``name`` can run here, else one line saying what is missing and how to get it."""
+    cls = ENVIRONMENTS.get(name)
+    check = getattr(cls, "availability", None)
+    return check() if check else None
+
+
+def make_env(name: str, **options: object) -> Environment:
+    """Instantiate an adapter, failing with :class:`EnvUnavailable` if it cannot run here."""
+    missing = availability(name)
+    if missing:
+        raise EnvUnavailable(f"{name}: {missing}")
+    return ENVIRONMENTS.get(name)(**options)  # type: ignore[call-arg]

@@ -1,0 +1,1 @@
+"""Split manifests: build, read, checksum and verify train/eval instance lists."""
