@@ -175,3 +175,44 @@ def test_scienceworld_normalize_ignores_order_only() -> None:
     b = "This room is called the hallway.\n\tA door to the bedroom\n\tA door to the kitchen  "
     c = "This room is called the hallway.\n\tA door to the bedroom\n\tA door to the garage"
     assert normalize_lines(a) == normalize_lines(b) != normalize_lines(c)
+
+
+@needs_twx
+def test_jvm_closed_on_ctrl_c() -> None:
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        from factor_cli.envs import make_env
+        try:
+            with make_env("twx") as env:
+                env.reset("coin/1")
+                proc = env._jvm.gateway.java_process
+                raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            pass
+        proc.wait(timeout=10)
+        print("jvm exit", proc.returncode is not None)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "jvm exit True" in out.stdout
+
+
+def test_missing_java_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    from factor_cli.envs import EnvUnavailable, jvm
+
+    monkeypatch.setattr(jvm.shutil, "which", lambda name: None)
+    assert "Java 17+ is missing" in (availability("twx") or "")
+    with pytest.raises(EnvUnavailable, match="apt-get install -y default-jre-headless"):
+        make_env("scienceworld")
+
+
+def test_unknown_environment() -> None:
+    with pytest.raises(ValueError, match="unknown environment 'chess'; valid:"):
+        make_env("chess")

@@ -170,3 +170,14 @@ def test_sciworld_build_subset_and_verify(tmp_path: Path) -> None:
 def test_cli_build_unknown_env() -> None:
     res = runner.invoke(app, ["splits", "build", "chess"])
     assert res.exit_code == 1 and "no split rule for 'chess'" in res.output
+
+
+def test_committed_manifests_verify() -> None:
+    """The manifests shipped in splits/ match their lock, counts and (sampled) environments."""
+    splits = Path(__file__).resolve().parents[1] / "splits"
+    reports, problems = verify_dir(splits, sample=8)
+    assert problems == []
+    by_name = {r.manifest: r for r in reports}
+    sci = by_name["sciworld_ids.csv"]
+    assert (sci.train, sci.eval) == (1620, 540)
+    assert {"twx_ids.csv", "sciworld_ids.csv"} <= set(by_name)
