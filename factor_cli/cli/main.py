@@ -7,6 +7,10 @@ import typer
 from factor_cli import __version__
 
 from .credit import app as credit_app
+from .envs import app as envs_app
+from .splits import app as splits_app
+from .splits import verify_cmd
+from .stats import app as stats_app
 
 app = typer.Typer(
     name="factor",
@@ -19,6 +23,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(credit_app, name="credit")
+app.add_typer(stats_app, name="stats")
+app.add_typer(envs_app, name="envs")
+app.add_typer(splits_app, name="splits")
+app.command("verify-splits")(verify_cmd)
 
 
 def _version(value: bool) -> None:

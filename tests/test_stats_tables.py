@@ -1,0 +1,229 @@
+"""The paper's table layouts on small hand-computable results, and their exports."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from factor_cli.stats import TABLES, reference_deltas, to_csv, to_latex, to_markdown
+from factor_cli.stats.io import validate_results
+from factor_cli.stats.tables import Cell, cell_text, format_number
+
+# Env "alf": categories x (items i1, i2) and y (item i3); env "ws": one category, items w1, w2.
+# successes per (method, seed), in item order i1 i2 i3 | w1 w2:
+#   A seed 1: 1 1 0 | 1 1   -> alf (1 + 0)/2 = 0.50, ws 1.0
+#   A seed 2: 1 0 1 | 1 0   -> alf (0.5 + 1)/2 = 0.75, ws 0.5
+#   B seed 1: 0 0 1 | 0 0   -> alf (0 + 1)/2 = 0.50, ws 0.0
+#   B seed 2: 1 1 0 | 1 0   -> alf (1 + 0)/2 = 0.50, ws 0.5
+SUCCESS = {
+    ("A", 1): [1, 1, 0, 1, 1],
+    ("A", 2): [1, 0, 1, 1, 0],
+    ("B", 1): [0, 0, 1, 0, 0],
+    ("B", 2): [1, 1, 0, 1, 0],
+}
+ITEMS = [
+    ("alf", "i1", "x"),
+    ("alf", "i2", "x"),
+    ("alf", "i3", "y"),
+    ("ws", "w1", "all"),
+    ("ws", "w2", "all"),
+]
+SD_25 = 25 / math.sqrt(2)  # sample std of {50, 75}: 17.68
+SD_50 = 50 / math.sqrt(2)  # sample std of {0, 50} or {50, 100}: 35.36
+
+
+def results(extra: dict[tuple[str, int], dict[str, object]] | None = None) -> pd.DataFrame:
+    rows = []
+    for (method, seed), succ in SUCCESS.items():
+        for (env, item, cat), s in zip(ITEMS, succ, strict=True):
+            row = {
+                "env": env,
+                "method": method,
+                "seed": seed,
+                "item_id": item,
+                "category": cat,
+                "success": s,
+                "score": float(s),
+            }
+            row.update((extra or {}).get((method, seed), {}))
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def values(table, column: str) -> list[tuple[float | None, float | None, bool]]:
+    j = table.columns.index(column)
+    return [(r[j].value, r[j].std, r[j].bold) for r in table.rows]
+
+
+def test_main_table_exact_values() -> None:
+    t = TABLES.get("main")(validate_results(results()), category_env="alf")
+    assert t.columns == ("Method", "x", "y", "alf (%)", "ws (%)")
+    assert [r[0].text for r in t.rows] == ["A", "B"]
+    assert values(t, "x") == [(75.0, None, True), (50.0, None, False)]
+    assert values(t, "y") == [(50.0, None, True), (50.0, None, True)]  # a tie: both bold
+    (a_alf, b_alf) = values(t, "alf (%)")
+    assert a_alf == (62.5, pytest.approx(SD_25), True)
+    assert b_alf == (50.0, 0.0, False)
+    assert values(t, "ws (%)") == [
+        (75.0, pytest.approx(SD_50), True),
+        (25.0, pytest.approx(SD_50), False),
+    ]
+    assert "2 seeds" in t.caption
+
+
+def test_main_table_markdown_export() -> None:
+    t = TABLES.get("main")(validate_results(results()), category_env="alf")
+    caption = (
+        "Main results. Macro success rate (%) per environment, mean ± sample standard deviation "
+        "over 2 seeds; alf category columns: mean over seeds. Bold marks the best value per column."
+    )
+    want = (
+        caption
+        + """
+
+| Method | x | y | alf (%) | ws (%) |
+| --- | ---: | ---: | ---: | ---: |
+| A | **75.0** | **50.0** | **62.5 ± 17.7** | **75.0 ± 35.4** |
+| B | 50.0 | **50.0** | 50.0 ± 0.0 | 25.0 ± 35.4 |
+"""
+    )
+    assert to_markdown(t) == want
+
+
+def test_ablation_table_deltas_csv_and_latex() -> None:
+    t = TABLES.get("ablation")(validate_results(results()), reference="A", decimals=2)
+    assert t.columns == ("Method", "alf (%)", "ws (%)", "Δalf", "Δws")
+    b, a = t.rows[0], t.rows[1]  # reference is listed where it appears: A first
+    assert [r[0].text for r in t.rows] == ["A", "B"]
+    assert (b[3].value, b[3].value is not None) == (None, False)  # reference has no delta
+    assert a[3].value == pytest.approx(-12.5) and a[4].value == pytest.approx(-50.0)
+    assert all(c.bold for c in b[:3]) and not any(c.bold for c in a)
+    assert to_csv(t).splitlines() == [
+        "Method,alf (%),alf (%) std,ws (%),ws (%) std,Δalf,Δws",
+        "A,62.50,17.68,75.00,35.36,,",
+        "B,50.00,0.00,25.00,35.36,-12.50,-50.00",
+    ]
+    latex = to_latex(t)
+    assert r"\textbf{62.50 $\pm$ 17.68}" in latex
+    assert r"B & 50.00 $\pm$ 0.00 & 25.00 $\pm$ 35.36 & $-$12.50 & $-$50.00 \\" in latex
+    assert r"Method & alf (\%) & ws (\%) & $\Delta$alf & $\Delta$ws \\" in latex
+    assert r"\begin{tabular}{lrrrr}" in latex
+
+
+def test_reference_deltas() -> None:
+    d = reference_deltas(validate_results(results()), "B")
+    assert d.to_dict("records") == [
+        {"method": "A", "env": "alf", "delta": pytest.approx(12.5)},
+        {"method": "A", "env": "ws", "delta": pytest.approx(50.0)},
+    ]
+
+
+def test_protocol_and_transfer_bold_rules() -> None:
+    # Two study groups; group g2 = the same data with B's successes flipped on ws item w2.
+    base = results()
+    g2 = base.copy()
+    mask = (g2["method"] == "B") & (g2["item_id"] == "w2")
+    g2.loc[mask, "success"] = 1  # B ws: seed 1 -> 0.5, seed 2 -> 1.0 -> mean 75
+    frame = pd.concat([base.assign(study="g1"), g2.assign(study="g2")], ignore_index=True)
+    frame = validate_results(frame, run_keys=("study",))
+    p = TABLES.get("protocol")(frame, group="study")
+    assert p.columns == ("Study", "Method", "alf (%)", "ws (%)")
+    assert [(r[0].text, r[1].text) for r in p.rows] == [
+        ("g1", "A"),
+        ("g1", "B"),
+        ("g2", "A"),
+        ("g2", "B"),
+    ]
+    # best per env over all rows: ws 75.0 appears for g1/A, g2/A and g2/B
+    assert [r[3].bold for r in p.rows] == [True, False, True, True]
+    tr = TABLES.get("transfer")(frame, group="study")
+    assert [r[3].bold for r in tr.rows] == [True, False, True, True]
+    assert [r[2].bold for r in tr.rows] == [True, False, True, False]
+    assert "within each study" in tr.caption
+
+
+def test_budget_table_gains_and_costs() -> None:
+    frame = results(
+        {
+            ("A", 1): {"budget": "2x4", "interactions": 3.0, "wall_clock": 1.2},
+            ("A", 2): {"budget": "1x1", "interactions": 1.5, "wall_clock": 1.1},
+            ("B", 1): {"budget": None, "interactions": 1.0, "wall_clock": 1.0},
+            ("B", 2): {"budget": None, "interactions": 1.0, "wall_clock": 1.0},
+        }
+    )
+    t = TABLES.get("budget")(
+        validate_results(frame, ("budget",)), method="A", baseline="B", default_budget="2x4"
+    )
+    assert t.columns == ("B×M", "Interact. (×)", "Wall-clock (×)", "Gain alf (pp)", "Gain ws (pp)")
+    assert [r[0].text for r in t.rows] == ["1x1", "2x4 (default)"]  # sorted by B*M
+    # A at 1x1 is seed 2: alf 75, ws 50; B means: alf 50, ws 25 -> gains +25, +25
+    # A at 2x4 is seed 1: alf 50, ws 100 -> gains 0, +75
+    assert [r[3].value for r in t.rows] == pytest.approx([25.0, 0.0])
+    assert [r[4].value for r in t.rows] == pytest.approx([25.0, 75.0])
+    assert [r[1].value for r in t.rows] == pytest.approx([1.5, 3.0])
+    assert [r[2].value for r in t.rows] == pytest.approx([1.1, 1.2])
+    assert [r[3].bold for r in t.rows] == [True, False]
+    assert cell_text(t.rows[0][2], t.decimals) == "1.10"  # cost ratios keep 2 decimals
+    assert cell_text(t.rows[1][3], t.decimals) == "+0.0"
+
+
+def test_budget_errors() -> None:
+    frame = results({k: {"budget": "2x4", "interactions": "lots"} for k in SUCCESS})
+    with pytest.raises(ValueError, match="column 'interactions' must hold numbers"):
+        TABLES.get("budget")(validate_results(frame, ("budget",)), method="A", baseline="B")
+    varying = results({("A", 1): {"budget": "2x4"}, ("A", 2): {"budget": "2x4"}})
+    varying["interactions"] = range(len(varying))
+    with pytest.raises(ValueError, match="must be constant within a run"):
+        TABLES.get("budget")(validate_results(varying, ("budget",)), method="A", baseline="B")
+    with pytest.raises(ValueError, match="method 'C' not found"):
+        TABLES.get("budget")(validate_results(varying, ("budget",)), method="C", baseline="B")
+
+
+def test_table_errors_name_the_value() -> None:
+    frame = validate_results(results())
+    with pytest.raises(ValueError, match="reference method 'Z' not found; present: A, B"):
+        TABLES.get("ablation")(frame, reference="Z")
+    with pytest.raises(ValueError, match="env 'web' not found; present: alf, ws"):
+        TABLES.get("main")(frame, envs=["web"])
+    with pytest.raises(ValueError, match="category env 'web' not found"):
+        TABLES.get("main")(frame, category_env="web")
+    with pytest.raises(ValueError, match="needs a 'reduction' column"):
+        TABLES.get("protocol")(frame)
+    with pytest.raises(ValueError, match="unknown table kind 'big'; valid: main, ablation"):
+        TABLES.get("big")
+
+
+def test_one_seed_omits_std_and_missing_cells_show_a_dash() -> None:
+    frame = validate_results(results())
+    one = frame.loc[frame["seed"] == 1]
+    one = one.loc[~((one["method"] == "B") & (one["env"] == "ws"))]
+    t = TABLES.get("main")(one)
+    assert values(t, "alf (%)") == [(50.0, None, True), (50.0, None, True)]
+    assert t.rows[1][2].value is None
+    assert cell_text(t.rows[1][2], 1) == "—"
+    assert "one seed" in t.caption
+
+
+def test_number_formatting() -> None:
+    assert format_number(-0.04, 1) == "0.0"
+    assert format_number(0.04, 1, signed=True) == "+0.0"
+    assert format_number(-2.25, 1, signed=True) == "-2.2"
+    assert cell_text(Cell(value=-1.5, signed=True, bold=True), 1, "latex") == r"\textbf{$-$1.5}"
+    assert cell_text(Cell(text="a_b & c%"), 1, "latex") == r"a\_b \& c\%"
+    with pytest.raises(ValueError, match="unknown style"):
+        cell_text(Cell(value=1.0), 1, "html")
+
+
+def test_grouped_table_needs_every_study_value() -> None:
+    frame = results(
+        {
+            ("A", 1): {"backbone": "qwen"},
+            ("A", 2): {"backbone": "qwen"},
+            ("B", 1): {"backbone": "qwen"},
+            ("B", 2): {"backbone": None},
+        }
+    )
+    with pytest.raises(ValueError, match="column 'backbone' is empty in data row 16"):
+        TABLES.get("transfer")(validate_results(frame, ("backbone",)))
