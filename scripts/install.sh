@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv if missing and install factor into it (`--dev` adds pytest, hypothesis, ruff).
+# Create .venv if missing and install factor into it (`--dev` adds pytest, hypothesis, ruff and
+# the ALFWorld extra, which compiles its planner the first time).
 # Idempotent: it reinstalls only when pyproject.toml changed since the last install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +27,7 @@ if [ ! -f "$stamp" ] && [ ! -f "$base-dev" ]; then
   }
   # torch first, pinned to the CPU wheel, so no dependency can resolve it to a CUDA build.
   pip install "torch==2.13.0"
-  if [ "$extras" = "--dev" ]; then pip install -e ".[dev]"; else pip install -e .; fi
+  if [ "$extras" = "--dev" ]; then pip install -e ".[dev,alfworld]"; else pip install -e .; fi
   rm -f .venv/.factor-install-*
   touch "$stamp"
 fi

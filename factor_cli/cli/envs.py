@@ -109,3 +109,36 @@ def play_cmd(
             f"[bold]done={summary['done']} success={summary['success']} "
             f"score={summary['score']} outcome={summary['outcome']}[/]"
         )
+
+
+@app.command("alfworld-generate")
+def alfworld_generate_cmd(
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Data root to write (default: ~/.cache/factor/alfworld-gen)."
+    ),
+    train_per_category: int = typer.Option(10, min=1, help="Train games per task type."),
+    eval_per_category: int = typer.Option(4, min=1, help="Eval games per task type."),
+    seed: int = typer.Option(0, help="Seed (same seed and counts give the same bytes)."),
+) -> None:
+    """Write ALFRED-style games of all six ALFWorld categories for the shipped domain.
+
+    Every game's expert plan is played through the real ALFWorld engine before it is written,
+    so the set is winnable offline; train games use ALFRED's train scenes, eval games its test
+    scenes. Point ALFWORLD_DATA (or --data-root options) at the output to play them.
+    """
+    from factor_cli.envs.alfworld import DEFAULT_GENERATED_ROOT, NO_DATA, AlfWorldEnv
+
+    missing = AlfWorldEnv.availability(data_root=None)
+    if missing is not None and missing != NO_DATA:  # missing data is what this command makes
+        fail(f"alfworld: {missing}")
+    from factor_cli.envs.alfworld_gen import generate
+
+    root = out or DEFAULT_GENERATED_ROOT
+    try:
+        with console.status(f"generating train games into {root} (each is played to a win first)"):
+            train = generate(root, train_per_category, seed, "train")
+        with console.status(f"generating eval games into {root}"):
+            evals = generate(root, eval_per_category, seed, "eval")
+    except (EnvError, ValueError, OSError) as exc:
+        fail(f"alfworld-generate: {exc}")
+    console.print(f"wrote {len(train)} train and {len(evals)} eval games under {root}")

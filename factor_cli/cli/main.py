@@ -8,6 +8,7 @@ from factor_cli import __version__
 
 from .credit import app as credit_app
 from .envs import app as envs_app
+from .model import app as model_app
 from .splits import app as splits_app
 from .splits import verify_cmd
 from .stats import app as stats_app
@@ -26,6 +27,7 @@ app.add_typer(credit_app, name="credit")
 app.add_typer(stats_app, name="stats")
 app.add_typer(envs_app, name="envs")
 app.add_typer(splits_app, name="splits")
+app.add_typer(model_app, name="model")
 app.command("verify-splits")(verify_cmd)
 
 

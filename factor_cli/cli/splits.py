@@ -47,16 +47,15 @@ def build_cmd(
     """
     if env_name not in PLANNERS:
         fail(f"no split rule for {env_name!r}; valid: {', '.join(PLANNERS.names())}")
-    missing = availability(env_name)
+    env_options: dict = {"data_root": data_root} if data_root is not None else {}
+    missing = availability(env_name, **env_options)
     if missing:
         fail(f"{env_name}: {missing}")
     options: dict = {}
     if tasks:
         options["tasks"] = [t.strip() for t in tasks.split(",") if t.strip()]
-    if data_root is not None:
-        options["data_root"] = data_root
     try:
-        with make_env(env_name) as env, _progress() as bar:
+        with make_env(env_name, **env_options) as env, _progress() as bar:
             job = bar.add_task(f"checksums {env_name}", total=None)
             path = build_manifest(
                 env_name,

@@ -1,11 +1,11 @@
 """Environments behind one protocol (``base.Environment``), by name in ``ENVIRONMENTS``."""
 
-from . import scienceworld, twx  # noqa: F401  (registers the adapters)
+from . import alfworld, scienceworld, twx, webshop  # noqa: F401  (registers the adapters)
 from .base import (
     EnvCrashed,
     EnvError,
-    EnvSpec,
     Environment,
+    EnvSpec,
     EnvUnavailable,
     Outcome,
     RestoreMismatch,

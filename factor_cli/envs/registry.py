@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 from factor_cli.credit.registry import Registry
 
 from .base import Environment, EnvUnavailable
@@ -23,16 +25,22 @@ def register(name: str):
     return deco
 
 
-def availability(name: str) -> str | None:
-    """None when ``name`` can run here, else one line saying what is missing and how to get it."""
+def availability(name: str, **options: object) -> str | None:
+    """None when ``name`` can run here, else one line saying what is missing and how to get it.
+
+    Options the adapter's check accepts (e.g. ALFWorld's ``data_root``) are passed to it.
+    """
     cls = ENVIRONMENTS.get(name)
     check = getattr(cls, "availability", None)
-    return check() if check else None
+    if check is None:
+        return None
+    accepted = inspect.signature(check).parameters
+    return check(**{k: v for k, v in options.items() if k in accepted})
 
 
 def make_env(name: str, **options: object) -> Environment:
     """Instantiate an adapter, failing with :class:`EnvUnavailable` if it cannot run here."""
-    missing = availability(name)
+    missing = availability(name, **options)
     if missing:
         raise EnvUnavailable(f"{name}: {missing}")
     return ENVIRONMENTS.get(name)(**options)  # type: ignore[call-arg]

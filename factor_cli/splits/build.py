@@ -109,10 +109,11 @@ def count_twx(rows: list[Row]) -> list[str]:
 
 
 @PLANNERS.register("alfworld")
-def plan_alfworld(env: Any, seed: int, data_root: Path | None = None) -> list[Row]:
+def plan_alfworld(env: Any, seed: int) -> list[Row]:
+    """The official train / valid_unseen folds, or the generated set, of the env's data root."""
     from factor_cli.envs.alfworld_gen import split_rows
 
-    root = data_root or env.data_root
+    root = env.root
     return [
         Row(d["instance_id"], d["split"], d["category"], int(d.get("episode", 0)))
         for d in split_rows(Path(root), seed)
