@@ -1,0 +1,159 @@
+"""Prompts, the hindsight teacher's context, action extraction and token masks.
+
+Student prompt for action t (the context x_t):
+
+    system:  the environment's instructions (reply with one action inside <action>...</action>)
+    user:    Task: <task description>
+             [Earlier turns: the last ``history_turns`` (action, observation) pairs]
+             Current observation: <observation before action t>
+
+The hindsight teacher (same weights, no gradient) sees the identical prompt with one block
+inserted after the current observation, before the reply:
+
+             Outcome of your next action (hindsight): <Phi_t>
+
+so teacher and student differ only by Phi_t. With a chat template the two messages go through
+``apply_chat_template``; without one they are joined as plain text ending in "Assistant:".
+
+The executable action is the text inside the first ``<action>...</action>``; without a closing
+tag, the text after ``<action>`` up to the end of its line; without any tag, the first non-empty
+line of the reply. Reply tokens whose characters overlap that span are action tokens; the rest
+(reasoning, the tags, formatting) are non-action tokens.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+ACTION_OPEN, ACTION_CLOSE = "<action>", "</action>"
+_TAGGED = re.compile(re.escape(ACTION_OPEN) + r"(.*?)" + re.escape(ACTION_CLOSE), re.DOTALL)
+FEEDBACK_HEADER = "Outcome of your next action (hindsight): "
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How an environment's turns are shown to the policy."""
+
+    system: str = (
+        "You are an agent acting in a text environment. Read the task and the observation, "
+        "then reply with exactly one action inside <action>...</action>."
+    )
+    history_turns: int = 2
+    """Past (action, observation) pairs shown before the current observation."""
+    use_chat_template: bool = True
+    """Use the tokenizer's chat template when it has one."""
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TurnView:
+    """What the policy sees before action t: the task, earlier turns and the observation."""
+
+    task: str
+    history: Sequence[tuple[str, str]]
+    """Earlier (action, observation-after-it) pairs of this episode, oldest first."""
+    observation: str
+
+
+def user_message(
+    fmt: PromptFormat, view: TurnView, feedback: str | None = None, history_turns: int | None = None
+) -> str:
+    keep = fmt.history_turns if history_turns is None else history_turns
+    parts = [f"Task: {view.task.strip()}"]
+    past = list(view.history)[-keep:] if keep > 0 else []
+    if past:
+        lines = [f"> {a}\n{o.strip()}" for a, o in past]
+        parts.append("Earlier turns:\n" + "\n".join(lines))
+    parts.append(f"Current observation: {view.observation.strip()}")
+    if feedback is not None:
+        parts.append(FEEDBACK_HEADER + feedback.strip())
+    return "\n\n".join(parts)
+
+
+def render(
+    fmt: PromptFormat,
+    view: TurnView,
+    tokenizer: object,
+    feedback: str | None = None,
+    history_turns: int | None = None,
+) -> str:
+    """The prompt text for the student (``feedback=None``) or the hindsight teacher."""
+    user = user_message(fmt, view, feedback, history_turns)
+    template = getattr(tokenizer, "chat_template", None)
+    if fmt.use_chat_template and template:
+        messages = [{"role": "system", "content": fmt.system}, {"role": "user", "content": user}]
+        return str(
+            tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+                messages, tokenize=False, add_generation_prompt=True
+            )
+        )
+    return f"{fmt.system}\n\n{user}\n\nAssistant: "
+
+
+@dataclass(frozen=True)
+class ActionSpan:
+    text: str
+    """The executable action."""
+    start: int
+    end: int
+    """Character span of the action in the reply."""
+    tagged: bool
+    """True if found inside <action>...</action> (False: a fallback rule)."""
+
+
+def extract_action(reply: str) -> ActionSpan:
+    """The executable action of a reply (module docstring for the rules)."""
+    m = _TAGGED.search(reply)
+    if m:
+        raw, start = m.group(1), m.start(1)
+        tagged = True
+    elif ACTION_OPEN in reply:
+        start = reply.index(ACTION_OPEN) + len(ACTION_OPEN)
+        end_line = reply.find("\n", start)
+        raw = reply[start:] if end_line < 0 else reply[start:end_line]
+        tagged = False
+    else:
+        lines = [ln for ln in reply.splitlines()]
+        offset = 0
+        raw, start = "", 0
+        for ln in lines:
+            if ln.strip():
+                raw, start = ln, offset
+                break
+            offset += len(ln) + 1
+        tagged = False
+    lead = len(raw) - len(raw.lstrip())
+    text = raw.strip()
+    return ActionSpan(text=text, start=start + lead, end=start + lead + len(text), tagged=tagged)
+
+
+def token_char_spans(
+    tokenizer: object, token_ids: Sequence[int]
+) -> tuple[str, list[tuple[int, int]]]:
+    """(decoded text, [(start, end)] per token) of a generated sequence.
+
+    Tokens are decoded one by one; when that does not reproduce the full decode (a multi-byte
+    character split across tokens), prefix decodes give exact boundaries instead.
+    """
+    decode = tokenizer.decode  # type: ignore[attr-defined]
+    full = decode(list(token_ids), skip_special_tokens=False)
+    pieces = [decode([t], skip_special_tokens=False) for t in token_ids]
+    if "".join(pieces) != full:
+        ends = [
+            len(decode(list(token_ids[: k + 1]), skip_special_tokens=False))
+            for k in range(len(token_ids))
+        ]
+        starts = [0, *ends[:-1]]
+        return full, list(zip(starts, ends))
+    spans, pos = [], 0
+    for p in pieces:
+        spans.append((pos, pos + len(p)))
+        pos += len(p)
+    return full, spans
+
+
+def action_token_mask(spans: Sequence[tuple[int, int]], action: ActionSpan) -> list[bool]:
+    """True for tokens whose characters overlap the action span (and are not empty)."""
+    return [e > s and s < action.end and e > action.start for s, e in spans]

@@ -1,0 +1,197 @@
+"""Batched multi-turn rollouts: every active environment advances together, one generate per turn.
+
+An :class:`Episode` records, per turn t: the prompt (context x_t) token ids, the reply token ids,
+their behaviour log-probs, the executable-action mask, the action, the feedback Phi_t, reward,
+done and validity, plus every observation, so any intermediate state can be restored (reset +
+replay of ``actions[:t]`` checked against ``observations[:t + 1]``).
+
+Episodes may start from a restored state (continuations): their prefix actions and observations
+come from the root episode and also feed the prompt's history window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from factor_cli.envs.base import EnvError, Outcome
+from factor_cli.envs.pool import EnvPool
+from factor_cli.policy.prompting import (
+    PromptFormat,
+    TurnView,
+    action_token_mask,
+    extract_action,
+    render,
+    token_char_spans,
+)
+
+
+@dataclass
+class Turn:
+    prompt_ids: list[int]
+    reply_ids: list[int]
+    logprobs: list[float]
+    action_mask: list[bool]
+    reply_text: str
+    action: str
+    observation: str
+    """The observation before the action (current observation of x_t)."""
+    feedback: str
+    """Phi_t: the environment's reply to the action."""
+    reward: float
+    done: bool
+    valid: bool
+    tagged: bool
+    prompt_truncated: bool = False
+
+
+@dataclass
+class Start:
+    """Where an episode begins: an instance, optionally after a recorded prefix of actions."""
+
+    instance_id: str
+    group: int = 0
+    prefix_actions: list[str] = field(default_factory=list)
+    prefix_observations: list[str] | None = None
+    """Recorded observations o_0..o_t of the prefix, checked during the replay."""
+    max_turns: int | None = None
+
+
+@dataclass
+class Episode:
+    start: Start
+    task: str = ""
+    observations: list[str] = field(default_factory=list)
+    """o_0..o_n including the prefix (o_k = reply to action k - 1)."""
+    turns: list[Turn] = field(default_factory=list)
+    outcome: Outcome | None = None
+    error: str | None = None
+    """Why the episode was cut short (engine crash, failed restore); None if it ran normally."""
+
+    @property
+    def actions(self) -> list[str]:
+        return [*self.start.prefix_actions, *(t.action for t in self.turns)]
+
+    @property
+    def done(self) -> bool:
+        return self.outcome is not None
+
+    def history(self) -> list[tuple[str, str]]:
+        """(action, observation after it) pairs so far, prefix included."""
+        acts = self.actions
+        return [(a, self.observations[k + 1]) for k, a in enumerate(acts)]
+
+
+class RolloutRunner:
+    """Runs episodes on a pool of environments with one batched generate per turn."""
+
+    def __init__(self, pool: EnvPool, generator: object, fmt: PromptFormat, max_turns: int) -> None:
+        self.pool, self.generator, self.fmt, self.max_turns = pool, generator, fmt, max_turns
+        self.tokenizer = generator.tokenizer  # type: ignore[attr-defined]
+        self.env_steps = 0
+        self.replay_steps = 0
+        self.generated_tokens = 0
+
+    def run(
+        self,
+        starts: Sequence[Start],
+        temperature: float = 1.0,
+        greedy: bool = False,
+        seed: int = 0,
+        on_turn: Callable[[int, int], None] | None = None,
+    ) -> list[Episode]:
+        """Play every start to the end, in waves of at most ``len(pool)`` concurrent episodes.
+
+        ``seed`` fixes the sampling (each turn of each wave draws from seed-derived RNG state).
+        ``on_turn(finished, total)`` is called after every turn for progress display.
+        """
+        episodes = [Episode(start=s) for s in starts]
+        width = len(self.pool)
+        for wave, lo in enumerate(range(0, len(episodes), width)):
+            self._run_wave(
+                episodes[lo : lo + width],
+                temperature,
+                greedy,
+                seed * 1_000_003 + wave * 7919,
+                lambda k, lo=lo: on_turn(lo + k, len(episodes)) if on_turn else None,
+            )
+        return episodes
+
+    def _begin(self, slot: int, ep: Episode) -> None:
+        s = ep.start
+        try:
+            if s.prefix_actions:
+                self.pool.restore(slot, s.instance_id, s.prefix_actions, s.prefix_observations)
+                self.replay_steps += len(s.prefix_actions)
+                env = self.pool[slot]
+                ep.observations = list(env.observations)
+            else:
+                ep.observations = [self.pool.reset(slot, s.instance_id)]
+            ep.task = self.pool[slot].task_description()
+        except EnvError as exc:
+            ep.error = f"start failed: {exc}"
+            ep.outcome = Outcome(0.0, False, 0.0, 0, 0)
+
+    def _run_wave(
+        self,
+        eps: list[Episode],
+        temperature: float,
+        greedy: bool,
+        seed: int,
+        on_turn: Callable[[int], None],
+    ) -> None:
+        for slot, ep in enumerate(eps):
+            self._begin(slot, ep)
+        turn = 0
+        while True:
+            active = [i for i, ep in enumerate(eps) if not ep.done]
+            if not active:
+                break
+            views = [
+                TurnView(eps[i].task, eps[i].history(), eps[i].observations[-1]) for i in active
+            ]
+            prompts = [render(self.fmt, v, self.tokenizer) for v in views]
+            gens = self.generator.generate(  # type: ignore[attr-defined]
+                prompts, temperature=temperature, greedy=greedy, seed=seed + turn
+            )
+            for i, gen in zip(active, gens):
+                self._advance(i, eps[i], gen)
+            turn += 1
+            on_turn(sum(ep.done for ep in eps))
+
+    def _advance(self, slot: int, ep: Episode, gen: object) -> None:
+        g = gen  # a policy.generation.Generation
+        # Offsets and the action both come from the decode that keeps special tokens, so the
+        # character span and the token spans refer to the same string.
+        text, spans = token_char_spans(self.tokenizer, g.token_ids)  # type: ignore[attr-defined]
+        span = extract_action(text)
+        mask = action_token_mask(spans, span)
+        self.generated_tokens += len(g.token_ids)  # type: ignore[attr-defined]
+        try:
+            step = self.pool.step(slot, span.text)
+        except EnvError as exc:
+            ep.error = f"engine failure: {exc}"
+            ep.outcome = Outcome(0.0, False, 0.0, 0, len(ep.turns))  # a lost episode counts failed
+            return
+        self.env_steps += 1
+        ep.observations.append(step.observation)
+        ep.turns.append(
+            Turn(
+                prompt_ids=list(g.prompt_ids),
+                reply_ids=list(g.token_ids),  # type: ignore[attr-defined]
+                logprobs=list(g.logprobs),
+                action_mask=mask,
+                reply_text=g.text,  # type: ignore[attr-defined]
+                action=span.text,
+                observation=ep.observations[-2],
+                feedback=step.observation,
+                reward=step.reward,
+                done=step.done,
+                valid=step.valid,
+                tagged=span.tagged,
+                prompt_truncated=g.prompt_truncated,  # type: ignore[attr-defined]
+            )
+        )
+        limit = ep.start.max_turns or self.max_turns
+        if step.done or len(ep.turns) >= limit:
+            ep.outcome = self.pool[slot].outcome()

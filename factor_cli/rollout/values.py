@@ -1,0 +1,69 @@
+"""Value-head features, values of every root state, and Monte-Carlo targets from continuations.
+
+The feature of state x_t is the backbone's last hidden state at the last token of the prompt
+of action t (the boundary before the action), computed without gradient. V_target(x_t) for every
+root action feeds TAC; each continuation from checkpoint x_t contributes one (feature of x_t,
+Monte-Carlo target) pair to the value head's replay buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from factor_cli.policy.generation import score_replies
+from factor_cli.policy.value_head import TargetValueHead
+
+from .continuations import ContinuationResult
+from .runner import Episode
+
+
+@torch.no_grad()
+def boundary_features(
+    model: torch.nn.Module, prompts: Sequence[Sequence[int]], pad_id: int, batch_size: int = 32
+) -> torch.Tensor:
+    """Last-layer hidden state at the last prompt token of each prompt, [N, H] (detached)."""
+    feats = []
+    for lo in range(0, len(prompts), batch_size):
+        chunk = [list(p) for p in prompts[lo : lo + batch_size]]
+        # An empty reply scores nothing; only the boundary hidden state is wanted.
+        sc = score_replies(model, chunk, [[] for _ in chunk], pad_id=pad_id, return_hidden=True)
+        feats.append(sc.boundary_hidden.float().cpu())  # type: ignore[union-attr]
+    return torch.cat(feats) if feats else torch.zeros(0)
+
+
+def root_values(
+    model: torch.nn.Module,
+    heads: TargetValueHead,
+    episodes: Sequence[Episode],
+    pad_id: int,
+    batch_size: int = 32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(V_target(x_t) [N_act], features [N_act, H]) for every turn of every root episode, in
+    packing order. The first action's value is unused by TAC (V~(x_0) is the convention's)."""
+    prompts = [t.prompt_ids for ep in episodes for t in ep.turns]
+    feats = boundary_features(model, prompts, pad_id, batch_size)
+    return heads.values(feats), feats
+
+
+def continuation_targets(
+    root_features: torch.Tensor, episodes: Sequence[Episode], result: ContinuationResult
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features [N_c, H], targets [N_c]) of every continuation that ran.
+
+    ``root_features`` are the packed root features from :func:`root_values`.
+    """
+    offsets, k = [], 0
+    for ep in episodes:
+        offsets.append(k)
+        k += len(ep.turns)
+    rows, targets = [], []
+    for c, cont, target in zip(result.checkpoint_of, result.episodes, result.targets):
+        if cont.error is not None and cont.error.startswith("start failed"):
+            continue
+        cp = result.checkpoints[c]
+        rows.append(offsets[cp.episode] + cp.turn)
+        targets.append(target)
+    idx = torch.tensor(rows, dtype=torch.long)
+    return root_features.index_select(0, idx), torch.tensor(targets, dtype=torch.float32)

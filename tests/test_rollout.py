@@ -1,0 +1,251 @@
+"""Rollouts on real environments with a real tiny model: generation, action spans, teacher,
+restore, continuations and packing into the credit core's batch."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from factor_cli.credit import METHODS, assign_credit
+from factor_cli.envs import availability
+from factor_cli.envs.pool import EnvPool
+from factor_cli.policy.generation import Generation, HFGenerator, score_replies
+from factor_cli.policy.model import load_policy
+from factor_cli.policy.prompting import FEEDBACK_HEADER, PromptFormat, extract_action, render
+from factor_cli.policy.teacher import teacher_logprobs, teacher_prompt_texts, turn_views
+from factor_cli.rollout.continuations import run_continuations, select_checkpoints, terminal_target
+from factor_cli.rollout.packing import pack_episodes
+from factor_cli.rollout.runner import RolloutRunner, Start
+
+twx_missing = availability("twx")
+pytestmark = pytest.mark.skipif(twx_missing is not None, reason=f"twx: {twx_missing}")
+FMT = PromptFormat()
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_dir: Path):
+    return load_policy(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="module")
+def gen(policy) -> HFGenerator:
+    return HFGenerator(policy, max_new_tokens=16, max_context=1024)
+
+
+def _max_diff(gens: list[Generation], model, pad_id: int) -> float:
+    sc = score_replies(
+        model, [g.prompt_ids for g in gens], [g.token_ids for g in gens], 1.0, pad_id
+    )
+    return max(float((s - torch.tensor(g.logprobs)).abs().max()) for s, g in zip(sc.logprobs, gens))
+
+
+def test_behaviour_logprobs_equal_rescore(policy, gen: HFGenerator) -> None:
+    prompts = [f"You are in room {i}. Find the coin." * (1 + i) for i in range(5)]
+    prompts += [prompts[0]] * 3  # repeated prompts take the shared-prefix path
+    gens = gen.generate(prompts, temperature=1.0, seed=7)
+    assert _max_diff(gens, policy.model, gen.pad_id) < 1e-5
+    again = gen.generate(prompts, temperature=1.0, seed=7)
+    assert [g.token_ids for g in gens] == [g.token_ids for g in again]
+    greedy = gen.generate(prompts[:2], greedy=True)
+    assert greedy[0].token_ids == gen.generate(prompts[:1], greedy=True)[0].token_ids
+    assert _max_diff(greedy, policy.model, gen.pad_id) < 1e-5
+
+
+def test_temperature_logprobs_are_of_the_sampling_distribution(policy, gen: HFGenerator) -> None:
+    gens = gen.generate(["Task: take the coin."] * 2, temperature=0.5, seed=1)
+    sc = score_replies(
+        policy.model, [g.prompt_ids for g in gens], [g.token_ids for g in gens], 0.5, gen.pad_id
+    )
+    for s, g in zip(sc.logprobs, gens):
+        torch.testing.assert_close(s, torch.tensor(g.logprobs), atol=1e-5, rtol=0)
+
+
+def test_context_limit_truncates_without_crash(policy) -> None:
+    small = HFGenerator(policy, max_new_tokens=8, max_context=64)
+    out = small.generate(["word " * 500, "short"], seed=0)
+    assert out[0].prompt_truncated and len(out[0].prompt_ids) == 56 and not out[1].prompt_truncated
+    assert all(len(g.token_ids) <= 8 for g in out)
+    with pytest.raises(ValueError, match="must be <"):
+        HFGenerator(policy, max_new_tokens=64, max_context=64)
+
+
+@dataclass
+class ScriptedGenerator:
+    """Replies from a script (tokenized by the real tokenizer), log-probs from the real model."""
+
+    policy: object
+    inner: HFGenerator
+    replies: dict[str, list[str]]
+    calls: int = 0
+
+    @property
+    def tokenizer(self):
+        return self.inner.tokenizer
+
+    def generate(self, prompts, temperature=1.0, greedy=False, seed=None):
+        encoded = self.inner.encode(prompts)
+        outs = []
+        for (ids, cut), prompt in zip(encoded, prompts):
+            key = next(k for k in self.replies if k in prompt)
+            text = self.replies[key][self.calls % len(self.replies[key])]
+            reply = self.tokenizer.encode(text, add_special_tokens=False)
+            lp = score_replies(self.policy.model, [ids], [reply], 1.0, self.inner.pad_id).logprobs[
+                0
+            ]
+            outs.append(Generation(ids, reply, lp.tolist(), text, True, cut))
+        self.calls += 1
+        return outs
+
+
+def test_decoded_action_tokens_equal_executed_text(policy, gen: HFGenerator) -> None:
+    with EnvPool("twx", 1) as pool:
+        gold = pool[0].gold_actions("coin/7")
+        script = [f"Let me think.\n<action>{a}</action>" for a in gold]
+        runner = RolloutRunner(
+            pool, ScriptedGenerator(policy, gen, {"coin": script}), FMT, max_turns=10
+        )
+        (ep,) = runner.run([Start("coin/7")])
+    assert ep.outcome.success and ep.actions == gold
+    tok = policy.tokenizer
+    for turn in ep.turns:
+        action_ids = [t for t, m in zip(turn.reply_ids, turn.action_mask) if m]
+        assert tok.decode(action_ids).strip() == turn.action
+        assert 0 < sum(turn.action_mask) < len(turn.reply_ids)  # reasoning and tags are non-action
+
+
+def test_action_extraction_rules() -> None:
+    assert extract_action("hmm <action> take coin </action> ok").text == "take coin"
+    a = extract_action("<action>move west\nmore")
+    assert a.text == "move west" and not a.tagged
+    b = extract_action("\n\n  open door  \nrest")
+    assert b.text == "open door" and "\n\n  open door".index("open") == b.start
+
+
+@pytest.fixture(scope="module")
+def roots(policy, gen: HFGenerator):
+    pool = EnvPool("twx", 40)
+    runner = RolloutRunner(pool, gen, FMT, max_turns=6)
+    eps = runner.run([Start(f"coin/{30 + g}", group=g) for g in range(2) for _ in range(4)], seed=3)
+    yield runner, eps
+    pool.close()
+
+
+def test_roots_record_turns_and_restore_reproduces(roots) -> None:
+    runner, eps = roots
+    assert runner.env_steps == sum(len(e.turns) for e in eps)
+    ep = max(eps, key=lambda e: len(e.turns))
+    env = runner.pool[0]
+    t = len(ep.turns) // 2
+    obs = env.restore(ep.start.instance_id, ep.actions[:t], ep.observations[: t + 1])
+    assert env.normalize(obs) == env.normalize(ep.observations[t])
+    for turn, view in zip(ep.turns, turn_views(ep)):
+        assert view.observation == turn.observation
+
+
+def test_teacher_differs_only_by_feedback(policy, gen: HFGenerator, roots) -> None:
+    _, eps = roots
+    tok = policy.tokenizer
+    teacher_texts = teacher_prompt_texts(FMT, tok, eps)
+    k = 0
+    for ep in eps:
+        for view, turn in zip(turn_views(ep), ep.turns):
+            student = render(FMT, view, tok)
+            assert gen.encode([student])[0][0] == turn.prompt_ids
+            block = "\n\n" + FEEDBACK_HEADER + turn.feedback.strip()
+            assert block in teacher_texts[k]
+            assert teacher_texts[k].replace(block, "", 1) == student
+            k += 1
+    lt = teacher_logprobs(policy.model, tok, FMT, eps, gen.encode)
+    student_lp = [t.logprobs for ep in eps for t in ep.turns]
+    assert [len(x) for x in lt] == [len(x) for x in student_lp]
+    assert any(abs(a - b) > 1e-4 for x, y in zip(lt, student_lp) for a, b in zip(x, y))
+
+
+def test_checkpoint_rule() -> None:
+    rng = random.Random(0)
+    assert select_checkpoints(1, 2, rng) == []
+    assert select_checkpoints(2, 2, rng) == [1] and select_checkpoints(3, 2, rng) == [1]
+    for t_total in range(4, 40):
+        for _ in range(5):
+            first, second = select_checkpoints(t_total, 2, rng)
+            assert 1 <= first <= t_total // 2 < second <= t_total - 1
+    assert len(select_checkpoints(30, 4, rng)) == 4
+
+
+def test_continuations_counts_targets_and_restore(roots) -> None:
+    runner, eps = roots
+    res = run_continuations(
+        runner, eps, "leave-one-out", budget=2, per_checkpoint=3, horizon=4, seed=5
+    )
+    expected = sum(len(select_checkpoints(len(e.turns), 2, random.Random(0))) for e in eps)
+    assert len(res.checkpoints) == expected and len(res.episodes) == 3 * expected
+    assert res.failed == 0 and len(res.targets) == len(res.episodes)
+    assert res.interactions == sum(len(c.turns) for c in res.episodes)
+    for c, cont in zip(res.checkpoint_of, res.episodes):
+        cp = res.checkpoints[c]
+        root = eps[cp.episode]
+        assert cont.observations[: cp.turn + 1] == root.observations[: cp.turn + 1]
+        assert cont.actions[: cp.turn] == root.actions[: cp.turn]
+        assert 1 <= len(cont.turns) <= 4
+    assert all(0.0 <= t <= 1.0 for t in res.targets)
+    assert terminal_target(0.8, "group-standardize", (0.5, 0.1)) == pytest.approx(3.0)
+    assert terminal_target(0.8, "group-standardize", (0.5, 0.0)) == 0.0
+
+
+def test_packed_batch_feeds_every_method(policy, gen: HFGenerator, roots) -> None:
+    _, eps = roots
+    lt = teacher_logprobs(policy.model, policy.tokenizer, FMT, eps, gen.encode)
+    n_act = sum(len(e.turns) for e in eps)
+    rb = pack_episodes(eps, "leave-one-out", values=torch.rand(n_act), logp_teacher=lt)
+    b = rb.batch
+    assert b.num_trajectories == len(eps) and b.num_actions == n_act
+    assert b.num_tokens + rb.na_logp_old.numel() == sum(
+        len(t.reply_ids) for e in eps for t in e.turns
+    )
+    for method in METHODS:
+        out = assign_credit(b, method, 20, generator=torch.Generator().manual_seed(0))
+        assert torch.isfinite(out.coef).all()
+
+
+@pytest.mark.skipif(availability("scienceworld") is not None, reason="scienceworld unavailable")
+def test_scienceworld_rollout_and_restore(gen: HFGenerator) -> None:
+    with EnvPool("scienceworld", 2) as pool:
+        runner = RolloutRunner(pool, gen, FMT, max_turns=3)
+        eps = runner.run([Start("melt/L0/4", group=0), Start("melt/L0/4", group=0)], seed=1)
+        assert all(len(e.turns) == 3 and e.error is None for e in eps)
+        res = run_continuations(runner, eps, "raw", budget=2, per_checkpoint=1, horizon=2, seed=0)
+        assert res.failed == 0 and len(res.episodes) == 2
+        for c, cont in zip(res.checkpoint_of, res.episodes):
+            cp = res.checkpoints[c]
+            root = eps[cp.episode]
+            env = pool[0]
+            assert [env.normalize(o) for o in cont.observations[: cp.turn + 1]] == [
+                env.normalize(o) for o in root.observations[: cp.turn + 1]
+            ]
+
+
+def test_values_and_continuation_targets(policy, gen: HFGenerator, roots) -> None:
+    from factor_cli.policy.value_head import TargetValueHead, ValueHead
+    from factor_cli.rollout.values import boundary_features, continuation_targets, root_values
+
+    runner, eps = roots
+    hidden = policy.model.config.hidden_size
+    heads = TargetValueHead(ValueHead(hidden, 32))
+    values, feats = root_values(policy.model, heads, eps, gen.pad_id, batch_size=5)
+    n_act = sum(len(e.turns) for e in eps)
+    assert values.shape == (n_act,) and feats.shape == (n_act, hidden)
+    # Batching does not change a feature: one prompt alone gives the same vector.
+    one = boundary_features(policy.model, [eps[0].turns[0].prompt_ids], gen.pad_id)
+    torch.testing.assert_close(one[0], feats[0], atol=1e-5, rtol=1e-5)
+    res = run_continuations(
+        runner, eps, "leave-one-out", budget=2, per_checkpoint=2, horizon=2, seed=9
+    )
+    x, y = continuation_targets(feats, eps, res)
+    assert x.shape == (len(res.episodes), hidden) and y.shape == (len(res.episodes),)
+    first = res.checkpoints[res.checkpoint_of[0]]
+    row = sum(len(e.turns) for e in eps[: first.episode]) + first.turn
+    torch.testing.assert_close(x[0], feats[row])
