@@ -19,7 +19,7 @@ from factor_cli.envs import availability, make_env
 CASES = {
     "twx": ["cookingworld/3", "coin/11"],
     "scienceworld": ["boil/L0/3"],
-    "alfworld": [],
+    "alfworld": [],  # filled from the data root's manifest rows at run time
 }
 
 
@@ -42,6 +42,17 @@ def actions_for(env, instance: str, depth: int, rng: random.Random) -> list[str]
         env.step(a)
         out.append(a)
     return out
+
+
+def alfworld_case() -> list[str]:
+    from factor_cli.envs.alfworld import resolve_data_root
+    from factor_cli.envs.alfworld_gen import split_rows
+
+    try:
+        rows = split_rows(resolve_data_root(), 0)
+    except Exception:
+        return []
+    return [r["instance_id"] for r in rows if r["category"] == "pick_heat_then_place_in_recep"][:1]
 
 
 def measure(name: str, repeats: int) -> dict:
@@ -82,6 +93,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = []
+    if "alfworld" in args.envs and availability("alfworld") is None:
+        CASES["alfworld"] = alfworld_case()
     for name in args.envs.split(","):
         missing = availability(name) if name in CASES else "no benchmark case"
         if missing or not CASES.get(name):

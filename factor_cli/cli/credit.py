@@ -16,6 +16,7 @@ from factor_cli.rollout.records import RecordError, load_group
 from .common import console, fail
 
 app = typer.Typer(
+    rich_markup_mode="markdown",
     help="Inspect FACTOR's credit assignment: methods and recorded trajectories.",
     no_args_is_help=True,
 )

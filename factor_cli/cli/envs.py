@@ -13,7 +13,9 @@ from factor_cli.envs import ENVIRONMENTS, EnvError, availability, make_env
 from .common import console, err_console, fail
 
 app = typer.Typer(
-    help="Environments: availability, interactive play, generated data.", no_args_is_help=True
+    rich_markup_mode="markdown",
+    help="Environments: availability, interactive play, generated data.",
+    no_args_is_help=True,
 )
 
 

@@ -15,7 +15,11 @@ from factor_cli.policy.model import TINY_PRESETS, get_preset, read_metadata
 
 from .common import console, err_console, fail
 
-app = typer.Typer(help="Models: build a tiny local model, inspect one.", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode="markdown",
+    help="Models: build a tiny local model, inspect one.",
+    no_args_is_help=True,
+)
 
 ROUND_TRIP_TEXT = (
     "Task: cook a meal.\nYou are in the kitchen. You see a fridge that is closed.\n"

@@ -15,7 +15,11 @@ from factor_cli.splits.verify import verify_dir
 
 from .common import console, fail
 
-app = typer.Typer(help="Split manifests with per-instance SHA-256 checksums.", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode="markdown",
+    help="Split manifests with per-instance SHA-256 checksums.",
+    no_args_is_help=True,
+)
 
 SPLITS_DIR = Path("splits")
 

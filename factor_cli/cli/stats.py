@@ -26,6 +26,7 @@ from factor_cli.stats.tables import cell_text, numeric_columns
 from .common import console, fail
 
 app = typer.Typer(
+    rich_markup_mode="markdown",
     help=(
         "Statistics on item-level evaluation results: hierarchical (seed -> item) bootstrap, "
         "paired item tests, rliable-style aggregates, the paper's tables and plots.\n\n"
@@ -36,6 +37,7 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 plot_app = typer.Typer(
+    rich_markup_mode="markdown",
     help="Write figures as PNG: training curves, ablation deltas, bootstrap distribution, "
     "performance profiles.",
     no_args_is_help=True,

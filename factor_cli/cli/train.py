@@ -1,0 +1,159 @@
+"""`factor train`, `factor eval`, `factor sft`: the training commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from factor_cli.train.config import ConfigError, TrainConfig, field_reference, load_config
+
+from .common import console, fail
+
+CONFIG_HELP = "Preset name (smoke, paper) or a YAML file."
+SET_HELP = "Override a field, e.g. --set rollout.k=4 --set method=grpo (repeatable)."
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description:<14}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
+class _Bars:
+    """One progress bar per phase, reset each time the phase starts over."""
+
+    def __init__(self, bar: Progress) -> None:
+        self.bar, self.tasks = bar, {}
+
+    def __call__(self, phase: str, i: int, n: int) -> None:
+        if phase not in self.tasks:
+            self.tasks[phase] = self.bar.add_task(phase, total=n)
+        self.bar.update(self.tasks[phase], completed=i, total=n)
+
+
+def _load(config: str, overrides: list[str]) -> TrainConfig:
+    try:
+        return load_config(config, overrides)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def _reference() -> None:
+    table = Table(title="Training configuration fields")
+    for col in ("field", "default", "meaning"):
+        table.add_column(col, overflow="fold")
+    for name, default, doc in field_reference():
+        table.add_row(name, default, doc)
+    console.print(table)
+
+
+def train_cmd(
+    config: str = typer.Option("smoke", "--config", "-c", help=CONFIG_HELP),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    resume: str | None = typer.Option(None, "--resume", help="Continue this ledger run id."),
+    help_config: bool = typer.Option(False, "--help-config", help="List every config field."),
+) -> None:
+    """Train a policy with FACTOR or any baseline/ablation; with no arguments, the smoke run.
+
+    The embedded default builds a tiny model if missing, warm-starts it on gold plays, trains a
+    few steps on TextWorldExpress, evaluates on the eval split, and logs everything to the ledger
+    (MLflow under ./ledger unless MLFLOW_TRACKING_URI or tracking_uri says otherwise).
+    """
+    if help_config:
+        _reference()
+        return
+    cfg = _load(config, overrides)
+    from factor_cli.train.run import train
+
+    console.print(
+        f"[bold]factor train[/] {cfg.study}/{cfg.method} on {cfg.env.name}, "
+        f"{cfg.total_steps} steps, seed {cfg.seed}"
+    )
+    try:
+        with _progress() as bar:
+            summary = train(cfg, _Bars(bar), console.print, resume_run_id=resume)
+    except (ValueError, FileNotFoundError) as exc:
+        fail(str(exc).splitlines()[0])
+    table = Table(title=f"Run {summary.run_id}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    keys = (
+        "return_mean",
+        "success_rate",
+        "turns_mean",
+        "invalid_rate",
+        "value_mse",
+        "coef_deviation_mean",
+        "kl",
+        "loss",
+    )
+    for key in keys:
+        if key in summary.metrics:
+            table.add_row(key, f"{summary.metrics[key]:.4f}")
+    if summary.eval_metric is not None:
+        table.add_row("eval macro success", f"{summary.eval_metric:.4f}")
+    console.print(table)
+    console.print(
+        f"results: {summary.run_dir} (items: {summary.items_path}); "
+        f"ledger: `factor ledger report --study {cfg.study}`"
+    )
+
+
+def eval_cmd(
+    run: str | None = typer.Option(None, "--run", help="Ledger run id (uses its final model)."),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="A model directory."),
+    env: str | None = typer.Option(None, "--env", help="Environment (default: the config's)."),
+    split: str = typer.Option("eval", "--split", help="Manifest split: eval or train."),
+    config: str = typer.Option("smoke", "--config", "-c", help=CONFIG_HELP),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    out: Path | None = typer.Option(None, "--out", help="Item-level CSV (default: next to it)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the metric as JSON."),
+) -> None:
+    """Greedy evaluation on the manifest's eval instances, written as item-level results."""
+    if (run is None) == (checkpoint is None):
+        fail("pass exactly one of --run RUN_ID or --checkpoint DIR")
+    cfg = _load(config, [*overrides, *([f"env.name={env}"] if env else [])])
+    model_dir = checkpoint or Path(cfg.output_dir) / str(run) / "model"
+    if not (model_dir / "config.json").exists():
+        fail(f"{model_dir}: no model there; train first or pass --checkpoint DIR")
+    if split != "eval":
+        fail(f"--split {split!r}: only the eval split is evaluated (training instances are not)")
+    from factor_cli.train.evaluate import metric
+    from factor_cli.train.run import evaluate_checkpoint
+
+    try:
+        with _progress() as bar:
+            items = evaluate_checkpoint(cfg, str(model_dir), _Bars(bar))
+    except (ValueError, FileNotFoundError) as exc:
+        fail(str(exc).splitlines()[0])
+    path = out or model_dir.parent / f"eval_items_{cfg.env.name}.csv"
+    items.to_csv(path, index=False)
+    value = metric(items)
+    if as_json:
+        typer.echo(json.dumps({"metric": value, "items": len(items), "path": str(path)}))
+    else:
+        console.print(f"{cfg.env.name} macro success {value:.4f} over {len(items)} items -> {path}")
+
+
+def sft_cmd(
+    config: str = typer.Option("smoke", "--config", "-c", help=CONFIG_HELP),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Supervised warm start from gold plays (TWX/ScienceWorld gold paths, ALFWorld experts)."""
+    cfg = _load(config, [*overrides, "sft.enabled=true"])
+    from factor_cli.train.run import warm_start
+
+    try:
+        with _progress() as bar:
+            path = warm_start(cfg, _Bars(bar), console.print)
+    except (ValueError, FileNotFoundError) as exc:
+        fail(str(exc).splitlines()[0])
+    console.print(f"warm-started model: {path}")

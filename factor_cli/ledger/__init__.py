@@ -1,0 +1,42 @@
+"""The ledger: every run in MLflow with provenance, metrics, item-level results and node-hours.
+
+Public API::
+
+    start_run(config, study=, method=, env=, seed=, backbone=, gpus=0, tracking_uri=None,
+              resume_run_id=None, experiment="factor") -> LedgerRun   (a context manager)
+    report(study, tracking_uri) -> DataFrame          runs and compute by (study, method)
+    runs_table(study, tracking_uri) -> DataFrame      one row per run
+    export_items(study, tracking_uri) -> DataFrame    item-level results for `factor stats`
+    resolve_tracking_uri(uri) -> str                 --tracking-uri > $MLFLOW_TRACKING_URI > ledger/
+
+node_hours = wall-clock hours x GPUs / 8 (one 8-GPU node for one hour; 0 on CPU).
+"""
+
+from .provenance import GitState, Hardware, canonical_json, config_hash, git_state, hardware
+from .report import REPORT_COLUMNS, RUN_COLUMNS, export_items, report, runs_table, summarize
+from .runs import GPUS_PER_NODE, LedgerRun, RunTerminated, flatten_config, start_run
+from .store import DEFAULT_EXPERIMENT, LedgerError, default_tracking_uri, resolve_tracking_uri
+
+__all__ = [
+    "DEFAULT_EXPERIMENT",
+    "GPUS_PER_NODE",
+    "REPORT_COLUMNS",
+    "RUN_COLUMNS",
+    "GitState",
+    "Hardware",
+    "LedgerError",
+    "LedgerRun",
+    "RunTerminated",
+    "canonical_json",
+    "config_hash",
+    "default_tracking_uri",
+    "export_items",
+    "flatten_config",
+    "git_state",
+    "hardware",
+    "report",
+    "resolve_tracking_uri",
+    "runs_table",
+    "start_run",
+    "summarize",
+]

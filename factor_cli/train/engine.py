@@ -1,0 +1,116 @@
+"""The training engine: DeepSpeed, on GPUs and on the CPU alike.
+
+On a CPU DeepSpeed runs with ``DS_ACCELERATOR=cpu`` and the gloo backend; a single process
+needs the torch.distributed variables (MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK), which
+are filled in when absent (without them DeepSpeed falls back to mpi4py). Its first use
+JIT-compiles a communication op, cached in the project-local ``.torch_extensions``. Multi-process
+runs use ``torchrun --nproc_per_node N -m factor_cli train ...``, which sets those variables.
+
+Micro-batches: the caller marks which backward ends an optimizer step
+(:meth:`Engine.backward` with ``boundary``), so a mini-batch may hold any number of micro-batches;
+losses are normalised by the mini-batch's global count, so the split never changes the update.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import TrainConfig
+
+EXTENSIONS_DIR = Path(__file__).resolve().parents[2] / ".torch_extensions"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def prepare_distributed_env(device: str) -> None:
+    """Environment DeepSpeed needs, filled in only where the launcher did not set it."""
+    if not device.startswith("cuda"):
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(EXTENSIONS_DIR))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    for var, val in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(var, val)
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) of this process."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def ds_config(cfg: TrainConfig) -> dict[str, Any]:
+    zero: dict[str, Any] = {"stage": cfg.engine.zero_stage}
+    if cfg.engine.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    conf: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": cfg.optim.grad_clip,
+        "zero_optimization": zero,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if cfg.engine.precision == "bf16":
+        conf["bf16"] = {"enabled": True}
+    elif cfg.engine.precision == "fp16":
+        conf["fp16"] = {"enabled": True}
+    if cfg.engine.offload_optimizer:
+        conf["optimizer"] = {"type": "Adam", "params": {"lr": cfg.optim.lr}}
+    return conf
+
+
+class Engine:
+    """A DeepSpeed engine around the policy model with explicit optimizer-step boundaries."""
+
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, lr: float | None = None) -> None:
+        prepare_distributed_env(cfg.model.device)
+        import deepspeed
+        from deepspeed.utils import logger as ds_logger
+
+        ds_logger.setLevel("WARNING")
+        conf = ds_config(cfg)
+        optimizer = None
+        if "optimizer" not in conf:
+            optimizer = torch.optim.Adam(model.parameters(), lr=lr or cfg.optim.lr)
+        else:
+            conf["optimizer"]["params"]["lr"] = lr or cfg.optim.lr
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=conf, dist_init_required=True
+        )
+        self.rank, self.world_size = world()
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.engine.module
+
+    def backward(self, loss: torch.Tensor, boundary: bool) -> None:
+        """Accumulate ``loss``'s gradient; ``boundary`` marks the last micro-batch of a step."""
+        self.engine.set_gradient_accumulation_boundary(boundary)
+        # DeepSpeed averages gradients over ranks; the loss is already globally normalised.
+        self.engine.backward(loss * self.world_size)
+
+    def step(self) -> float:
+        """Optimizer step (clip, Adam); returns the pre-clip gradient norm when known."""
+        self.engine.set_gradient_accumulation_boundary(True)
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    def save(self, directory: Path) -> None:
+        self.engine.save_checkpoint(str(directory), tag="engine", save_latest=False)
+
+    def load(self, directory: Path) -> None:
+        path, _ = self.engine.load_checkpoint(str(directory), tag="engine")
+        if path is None:
+            raise FileNotFoundError(f"{directory}: no DeepSpeed engine checkpoint")

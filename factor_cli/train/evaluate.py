@@ -1,0 +1,57 @@
+"""Greedy evaluation on the manifest's eval instances -> item-level results (stats schema)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pandas as pd
+
+from factor_cli.envs.pool import EnvPool
+from factor_cli.policy.prompting import PromptFormat
+from factor_cli.rollout.runner import RolloutRunner, Start
+
+from .config import TrainConfig
+from .data import instances
+
+
+def evaluate(
+    generator: object,
+    cfg: TrainConfig,
+    method: str,
+    on_turn: Callable[[int, int], None] | None = None,
+) -> pd.DataFrame:
+    """One greedy episode per eval instance; columns env, method, seed, item_id, category,
+    success, score (plus outcome and turns)."""
+    items = instances(cfg, "eval")
+    if cfg.eval.max_items is not None:
+        items = items[: cfg.eval.max_items]
+    fmt = PromptFormat(history_turns=cfg.rollout.history_turns)
+    with EnvPool(cfg.env.name, min(len(items), 64), **cfg.env.options) as pool:
+        runner = RolloutRunner(
+            pool, generator, fmt, max_turns=cfg.env.max_turns or pool[0].max_turns
+        )
+        eps = runner.run(
+            [Start(i.instance_id) for i in items], greedy=True, seed=cfg.seed, on_turn=on_turn
+        )
+    rows = []
+    for inst, ep in zip(items, eps):
+        out = ep.outcome
+        rows.append(
+            {
+                "env": cfg.env.name,
+                "method": method,
+                "seed": cfg.seed,
+                "item_id": inst.instance_id,
+                "category": inst.category,
+                "success": int(bool(out and out.success)),
+                "score": float(out.score) if out else 0.0,
+                "outcome": float(out.outcome) if out else 0.0,
+                "turns": len(ep.turns),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def metric(items: pd.DataFrame) -> float:
+    """The paper's metric: unweighted macro average of per-category success rates."""
+    return float(items.groupby("category")["success"].mean().mean())

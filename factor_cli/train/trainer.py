@@ -1,0 +1,284 @@
+"""The training loop. One step (DESIGN sections 4-5) reads as a sequence of named phases:
+
+    rollout -> continuations + value -> teacher -> credit -> update -> log
+
+Every stochastic choice derives from (seed, step), so a run resumed from a checkpoint replays
+the remaining steps exactly as an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from factor_cli.credit import METHODS, assign_credit, coefficient_deviation, sign_agreement
+from factor_cli.envs.pool import EnvPool
+from factor_cli.policy.generation import BACKENDS
+from factor_cli.policy.model import Policy, init_tiny, load_policy
+from factor_cli.policy.prompting import PromptFormat
+from factor_cli.policy.teacher import teacher_logprobs, teacher_prompt_texts
+from factor_cli.policy.value_head import (
+    TargetValueHead,
+    ValueHead,
+    ValueReplayBuffer,
+    fit_value_head,
+    make_value_optimizer,
+)
+from factor_cli.rollout.continuations import ContinuationResult, run_continuations
+from factor_cli.rollout.packing import pack_episodes
+from factor_cli.rollout.runner import Episode, RolloutRunner, Start
+from factor_cli.rollout.values import continuation_targets, root_values
+
+from . import checkpoint
+from .config import TrainConfig
+from .data import instances, sample_groups
+from .engine import Engine
+from .update import ppo_update
+
+Progress = Callable[[str, int, int], None]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def ensure_model(cfg: TrainConfig) -> str:
+    """The model path to load, building the tiny preset there first when asked and missing."""
+    path = Path(cfg.model.path)
+    if cfg.model.init_tiny and not (path / "config.json").exists():
+        init_tiny(path, cfg.model.init_tiny, seed=0, overwrite=path.exists())
+    return cfg.model.path
+
+
+@dataclass
+class StepResult:
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Trainer:
+    def __init__(
+        self, cfg: TrainConfig, model_path: str | None = None, progress: Progress | None = None
+    ) -> None:
+        self.cfg = cfg
+        self.spec = METHODS.get(cfg.method)
+        self.progress = progress or (lambda phase, i, n: None)
+        seed_everything(cfg.seed)
+        self.policy: Policy = load_policy(
+            model_path or ensure_model(cfg), cfg.model.dtype, cfg.model.device
+        )
+        self.engine = Engine(self.policy.model, cfg)
+        self.policy.model = self.engine.module
+        self.generator = BACKENDS.get(cfg.rollout.backend)(
+            self.policy,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            max_context=cfg.rollout.max_context,
+        )
+        self.pad_id = self.generator.pad_id
+        self.fmt = PromptFormat(history_turns=cfg.rollout.history_turns)
+        hidden = int(self.policy.model.config.hidden_size)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed + 1)
+            self.heads = TargetValueHead(ValueHead(hidden, cfg.value.hidden), cfg.value.tau)
+        self.value_opt = make_value_optimizer(self.heads.online, cfg.value.lr)
+        self.buffer = ValueReplayBuffer(cfg.value.replay_steps)
+        self.train_pool = instances(cfg, "train")
+        n_root = cfg.rollout.groups * cfg.rollout.k
+        n_cont = n_root * cfg.continuations.budget * cfg.continuations.per_checkpoint
+        size = max(n_root, n_cont if self.spec.continuations else 0)
+        self.pool = EnvPool(cfg.env.name, size, **cfg.env.options)
+        self.max_turns = cfg.env.max_turns or self.pool[0].max_turns
+        self.runner = RolloutRunner(self.pool, self.generator, self.fmt, self.max_turns)
+        self.step = 0
+
+    # -- phases -----------------------------------------------------------------------------
+    def phase_rollout(self, k: int) -> list[Episode]:
+        cfg = self.cfg
+        picks = sample_groups(self.train_pool, cfg.rollout.groups, cfg.seed, k)
+        starts = [
+            Start(p.instance_id, group=g) for g, p in enumerate(picks) for _ in range(cfg.rollout.k)
+        ]
+        self.policy.model.eval()
+        return self.runner.run(
+            starts,
+            cfg.rollout.temperature,
+            seed=cfg.seed * 10_007 + k,
+            on_turn=lambda i, n: self.progress("rollout", i, n),
+        )
+
+    def phase_continuations(self, k: int, roots: list[Episode]) -> ContinuationResult | None:
+        if not self.spec.continuations:
+            return None
+        c = self.cfg.continuations
+        return run_continuations(
+            self.runner,
+            roots,
+            self._convention(),
+            c.budget,
+            c.per_checkpoint,
+            c.horizon,
+            c.temperature,
+            seed=self.cfg.seed * 20_011 + k,
+            on_turn=lambda i, n: self.progress("continuations", i, n),
+        )
+
+    def phase_value(
+        self, k: int, roots: list[Episode], cont: ContinuationResult | None
+    ) -> dict[str, float]:
+        """Fit the online head on the replay buffer, update the target, return V_target."""
+        # Features once; V_target is read after this step's value update and EMA.
+        _, feats = root_values(self.policy.model, self.heads, roots, self.pad_id)
+        out: dict[str, float] = {}
+        if cont is not None and cont.episodes:
+            x, y = continuation_targets(feats, roots, cont)
+            if len(y):
+                self.buffer.add(k, x, y)
+                gen = torch.Generator().manual_seed(self.cfg.seed * 30_011 + k)
+                out["value_mse"] = fit_value_head(
+                    self.heads.online,
+                    self.buffer,
+                    self.value_opt,
+                    self.cfg.value.epochs,
+                    self.cfg.value.batch_size,
+                    gen,
+                )
+                self.heads.update()
+                out["td_sign_agreement"] = self._sign_agreement(roots, feats, cont)
+        self._values = self.heads.values(feats)
+        return out
+
+    def _sign_agreement(
+        self, roots: list[Episode], feats: torch.Tensor, cont: ContinuationResult
+    ) -> float:
+        """Agreement of sign(V_target(x_t) - V~(x_0)) with sign(mean MC target at x_t - V~(x_0))."""
+        from factor_cli.credit import CONVENTIONS
+
+        outcome = torch.tensor([e.outcome.outcome if e.outcome else 0.0 for e in roots])
+        group = torch.tensor([e.start.group for e in roots])
+        v0 = CONVENTIONS.get(self._convention())(outcome, group).v0
+        offsets = np.cumsum([0] + [len(e.turns) for e in roots])
+        mc: dict[int, list[float]] = {}
+        for c, t in zip(cont.checkpoint_of, cont.targets):
+            mc.setdefault(c, []).append(t)
+        pred, ref = [], []
+        for c, ts in mc.items():
+            cp = cont.checkpoints[c]
+            row = int(offsets[cp.episode]) + cp.turn
+            pred.append(float(self.heads.values(feats[row : row + 1])[0]) - float(v0[cp.episode]))
+            ref.append(sum(ts) / len(ts) - float(v0[cp.episode]))
+        return sign_agreement(torch.tensor(pred), torch.tensor(ref))
+
+    def phase_teacher(self, roots: list[Episode]) -> list[list[float]] | None:
+        if not self.spec.uses_teacher:
+            return None
+        return teacher_logprobs(
+            self.policy.model,
+            self.policy.tokenizer,
+            self.fmt,
+            roots,
+            self.generator.encode,
+            self.cfg.rollout.temperature,
+        )
+
+    def _convention(self) -> str:
+        return self.pool[0].spec.convention
+
+    # -- one step ---------------------------------------------------------------------------
+    def train_step(self) -> StepResult:
+        k = self.step + 1
+        times: dict[str, float] = {}
+
+        def timed(name: str, fn: Callable[[], Any]) -> Any:
+            t0 = time.perf_counter()
+            out = fn()
+            times[f"time_{name}"] = time.perf_counter() - t0
+            return out
+
+        roots = timed("rollout", lambda: self.phase_rollout(k))
+        roots = [e for e in roots if e.turns]
+        cont = timed("continuations", lambda: self.phase_continuations(k, roots))
+        value_metrics = timed("value", lambda: self.phase_value(k, roots, cont))
+        teacher = timed("teacher", lambda: self.phase_teacher(roots))
+        rb = pack_episodes(roots, self._convention(), values=self._values, logp_teacher=teacher)
+        gen = torch.Generator().manual_seed(self.cfg.seed * 40_009 + k)
+        credit = assign_credit(
+            rb.batch, self.cfg.method, k, self.cfg.credit, self.cfg.reduction, gen
+        )
+        teacher_prompts = None
+        if credit.kl_coef > 0:
+            texts = teacher_prompt_texts(self.fmt, self.policy.tokenizer, roots)
+            teacher_prompts = [ids for ids, _ in self.generator.encode(texts)]
+        self.policy.model.train()
+        stats = timed(
+            "update",
+            lambda: ppo_update(
+                self.engine, rb, credit, self.cfg, self.pad_id, teacher_prompts, gen
+            ),
+        )
+        self.policy.model.eval()
+        self.step = k
+        dev = coefficient_deviation(credit.weight, rb.batch.action_index, rb.batch.num_actions)
+        outcomes = [e.outcome.outcome for e in roots if e.outcome]
+        metrics = {
+            "return_mean": float(np.mean(outcomes)) if outcomes else 0.0,
+            "success_rate": float(np.mean([e.outcome.success for e in roots if e.outcome])),
+            "turns_mean": float(np.mean([len(e.turns) for e in roots])),
+            "invalid_rate": float(np.mean([not t.valid for e in roots for t in e.turns])),
+            "episodes_lost": float(sum(e.error is not None for e in roots)),
+            "actions": float(rb.batch.num_actions),
+            "action_tokens": float(rb.batch.num_tokens),
+            "root_interactions": float(sum(len(e.turns) for e in roots)),
+            "continuation_interactions": float(cont.interactions if cont else 0),
+            "replay_steps": float(cont.replay_steps if cont else 0),
+            "strength": credit.strength,
+            "kl_coef": credit.kl_coef,
+            "warmup": float(credit.warmup),
+            "coef_deviation_mean": float(dev.mean()),
+            "coef_deviation_median": float(dev.median()),
+            "loss": stats.loss,
+            "loss_action": stats.action_loss,
+            "loss_non_action": stats.non_action_loss,
+            "kl": stats.kl,
+            "grad_norm": stats.grad_norm,
+            "clip_fraction": stats.clip_fraction,
+            "approx_kl": stats.approx_kl,
+            **value_metrics,
+            **times,
+        }
+        return StepResult(
+            k, {m: v for m, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))}
+        )
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def save(self, run_dir: Path, run_id: str | None) -> Path:
+        extra = {
+            "heads": self.heads.state_dict(),
+            "value_opt": self.value_opt.state_dict(),
+            "buffer": self.buffer.state_dict(),
+            "run_id": run_id,
+            "config": self.cfg.model_dump(mode="json"),
+        }
+        return checkpoint.save(run_dir, self.step, self.engine, extra)
+
+    def load(self, directory: Path) -> dict[str, Any]:
+        self.engine.load(directory)
+        state = checkpoint.load_state(directory)
+        self.heads.load_state_dict(state["heads"])
+        self.value_opt.load_state_dict(state["value_opt"])
+        self.buffer.load_state_dict(state["buffer"])
+        checkpoint.set_rng_state(state["rng"])
+        self.step = int(state["step"])
+        return state
+
+    def close(self) -> None:
+        self.pool.close()

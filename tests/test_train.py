@@ -1,0 +1,205 @@
+"""Training end to end on the CPU: every method for two steps, the ledger record, resume after
+SIGKILL, data-parallel equality, and configuration errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from factor_cli.credit import METHODS
+from factor_cli.envs import availability
+from factor_cli.train.config import ConfigError, load_config
+
+twx_missing = availability("twx")
+needs_twx = pytest.mark.skipif(twx_missing is not None, reason=f"twx: {twx_missing}")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_overrides(model: Path, tmp: Path, method: str = "factor", steps: int = 2) -> list[str]:
+    return [
+        f"method={method}",
+        f"steps={steps}",
+        f"model.path={model}",
+        "model.init_tiny=null",
+        "rollout.groups=1",
+        "rollout.k=2",
+        "rollout.max_new_tokens=8",
+        "env.max_turns=3",
+        "continuations.horizon=2",
+        "continuations.per_checkpoint=1",
+        "sft.enabled=false",
+        "eval.max_items=2",
+        f"output_dir={tmp / 'runs'}",
+        f"tracking_uri=sqlite:///{tmp / 'mlflow.db'}",
+        "credit.warmup_steps=1",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("rollout.k=1", "field rollout.k: Input should be greater than or equal to 2"),
+        ("method=factr", "field method: unknown method 'factr'"),
+        ("credit.tau=0", "credit.tau = 0.0 is invalid"),
+        ("bogus.key=1", "field bogus: Extra inputs are not permitted"),
+        ("engine.zero_stage=7", "field engine.zero_stage"),
+        ("rollout", "expected KEY=VALUE"),
+    ],
+)
+def test_bad_config_is_one_line_error(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as err:
+        load_config("smoke", [override])
+    assert "\n" not in str(err.value)
+
+
+def test_presets_and_overrides() -> None:
+    paper = load_config("paper")
+    assert (paper.rollout.groups * paper.rollout.k, paper.optim.lr, paper.steps) == (128, 5e-7, 150)
+    assert (paper.continuations.budget, paper.continuations.per_checkpoint) == (2, 4)
+    assert load_config("paper", ["method=serl-extended"]).total_steps == 188
+    assert load_config("smoke", ["rollout.temperature=0.4"]).rollout.temperature == 0.4
+    with pytest.raises(ConfigError, match="unknown preset 'nope'"):
+        load_config("nope")
+
+
+@pytest.fixture(scope="module")
+def trained_env(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("train")
+
+
+@needs_twx
+@pytest.mark.parametrize("method", sorted(METHODS.names()))
+def test_every_method_trains_two_steps(
+    method: str, tiny_model_dir: Path, trained_env: Path
+) -> None:
+    from factor_cli.train.trainer import Trainer
+
+    cfg = load_config("smoke", tiny_overrides(tiny_model_dir, trained_env, method))
+    trainer = Trainer(cfg)
+    try:
+        for k in (1, 2):
+            m = trainer.train_step().metrics
+            assert trainer.step == k
+            for key in ("loss", "loss_action", "grad_norm", "return_mean"):
+                assert key in m and m[key] == m[key] and abs(m[key]) < 1e6, (key, m)
+            if METHODS.get(method).continuations:
+                assert m["continuation_interactions"] > 0 and "value_mse" in m
+    finally:
+        trainer.close()
+
+
+@needs_twx
+def test_train_run_records_everything_in_the_ledger(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from factor_cli.train.run import train
+
+    cfg = load_config("smoke", tiny_overrides(tiny_model_dir, tmp_path, "factor", steps=2))
+    summary = train(cfg, lambda *a: None, lambda s: None)
+    client = MlflowClient(cfg.tracking_uri)
+    run = client.get_run(summary.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["method"] == "factor" and run.data.params["rollout.k"] == "2"
+    assert {"study", "method", "env", "seed", "backbone", "config_hash"} <= set(run.data.tags)
+    assert "node_hours" in run.data.metrics and "cpu_core_hours" in run.data.metrics
+    assert len(client.get_metric_history(summary.run_id, "loss")) == 2
+    assert summary.items_path is not None and summary.items_path.exists()
+    assert (summary.run_dir / "model" / "config.json").exists()
+    lines = (summary.run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [1, 2]
+
+
+def _train_cmd(model: Path, tmp: Path, extra: list[str]) -> list[str]:
+    args = [sys.executable, "-m", "factor_cli", "train", "--config", "smoke"]
+    for o in tiny_overrides(model, tmp, "factor", steps=3):
+        args += ["--set", o]
+    return args + extra
+
+
+@needs_twx
+def test_sigkill_then_resume_matches_uninterrupted(tiny_model_dir: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    full_dir, cut_dir = tmp_path / "full", tmp_path / "cut"
+    subprocess.run(
+        _train_cmd(tiny_model_dir, full_dir, []),
+        check=True,
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        timeout=900,
+    )
+    proc = subprocess.Popen(
+        _train_cmd(tiny_model_dir, cut_dir, []),
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 900
+    pointer = None
+    while time.time() < deadline and proc.poll() is None:
+        found = list((cut_dir / "runs").glob("*/checkpoints/latest"))
+        if found and json.loads(found[0].read_text())["step"] == 2:
+            pointer = found[0]
+            break
+        time.sleep(0.05)
+    assert pointer is not None, "the run never wrote its step-2 checkpoint"
+    os.kill(proc.pid, signal.SIGKILL)  # mid-step 3 (or just before it)
+    proc.wait()
+    run_id = pointer.parents[1].name
+    subprocess.run(
+        _train_cmd(tiny_model_dir, cut_dir, ["--resume", run_id]),
+        check=True,
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        timeout=900,
+    )
+
+    def step3(d: Path) -> dict:
+        (metrics,) = list((d / "runs").glob("*/metrics.jsonl"))
+        rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+        return next(r for r in reversed(rows) if r["step"] == 3)
+
+    a, b = step3(full_dir), step3(cut_dir)
+    for key in ("loss", "loss_action", "return_mean", "grad_norm", "value_mse", "actions"):
+        assert a[key] == pytest.approx(b[key], abs=1e-6), key
+
+
+def test_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Data-parallel DeepSpeed (2 CPU processes, gloo) gives the single-process update."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    results = {}
+    for n in (1, 2):
+        out = tmp_path / f"dp{n}.json"
+        cmd = [
+            str(torchrun),
+            "--nproc_per_node",
+            str(n),
+            "--master_port",
+            str(29600 + n),
+            str(ROOT / "tests" / "dp_worker.py"),
+            str(tiny_model_dir),
+            str(out),
+        ]
+        res = subprocess.run(
+            cmd,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        assert res.returncode == 0, res.stderr[-2000:]
+        results[n] = json.loads(out.read_text())
+    assert results[2]["world"] == 2
+    assert results[2]["delta"] > 0
+    for key in ("loss", "delta", "first"):
+        assert results[1][key] == pytest.approx(results[2][key], rel=1e-5, abs=1e-6), key
