@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-exec .venv/bin/factor credit explain examples/coin_group.json "$@"
+exec .venv/bin/factor train "$@"

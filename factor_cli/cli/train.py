@@ -82,6 +82,12 @@ def train_cmd(
             summary = train(cfg, _Bars(bar), console.print, resume_run_id=resume)
     except (ValueError, FileNotFoundError) as exc:
         fail(str(exc).splitlines()[0])
+    except KeyboardInterrupt as exc:
+        from factor_cli.ledger.runs import RunTerminated
+
+        # The ledger run is already closed as KILLED and the last checkpoint is intact.
+        console.print("[yellow]interrupted[/]: resume with `factor train --resume RUN_ID`")
+        raise typer.Exit(143 if isinstance(exc, RunTerminated) else 130) from None
     table = Table(title=f"Run {summary.run_id}")
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -259,3 +259,6 @@ def score_replies(
     return Scores(
         logprobs=logps, boundary_hidden=hidden, logits=all_logits if return_logits else None
     )
+
+
+from . import vllm_backend  # noqa: E402,F401  (registers "vllm"; vllm itself loads lazily)

@@ -186,4 +186,10 @@ def _minibatch(
         out.action_loss += float(act_loss.detach())
         out.loss += float(loss.detach())
     out.clip_fraction = clipped / max(n_tok, 1)
+    if engine.world_size > 1:  # each rank saw a share: the statistics are their sums
+        fields = ("loss", "action_loss", "non_action_loss", "kl", "clip_fraction", "approx_kl")
+        vec = torch.tensor([getattr(out, f) for f in fields], dtype=torch.float64)
+        torch.distributed.all_reduce(vec)
+        for f, v in zip(fields, vec.tolist()):
+            setattr(out, f, v)
     return out
