@@ -203,3 +203,30 @@ def test_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert results[2]["delta"] > 0
     for key in ("loss", "delta", "first"):
         assert results[1][key] == pytest.approx(results[2][key], rel=1e-5, abs=1e-6), key
+
+
+@needs_twx
+def test_engine_crash_mid_rollout_is_survived(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """An engine that dies mid-episode is restarted; the episode counts as lost, training goes on."""
+    from factor_cli.train.trainer import Trainer
+
+    cfg = load_config("smoke", [*tiny_overrides(tiny_model_dir, tmp_path, "grpo"), "rollout.k=3"])
+    trainer = Trainer(cfg)
+    try:
+        victim = trainer.pool[0]
+        real_step = victim._step
+        calls = {"n": 0}
+
+        def flaky(action: str):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise ConnectionResetError("simulated engine death")
+            return real_step(action)
+
+        victim._step = flaky  # type: ignore[method-assign]
+        m = trainer.train_step().metrics
+        assert len(trainer.pool.crashes) == 1 and m["episodes_lost"] == 1.0
+        assert trainer.pool[0] is not victim  # replaced by a fresh environment
+        assert trainer.train_step().metrics["episodes_lost"] == 0.0
+    finally:
+        trainer.close()

@@ -190,6 +190,21 @@ class Trainer:
             self.cfg.rollout.temperature,
         )
 
+    def _usable(self, roots: list[Episode]) -> list[Episode]:
+        """Episodes that can enter the batch. An episode lost before its first action (engine
+        crash, failed start) has no action to credit; it is dropped (and counted in
+        ``episodes_lost``), and a leave-one-out group left with one member is dropped whole."""
+        self._lost = sum(e.error is not None for e in roots)
+        kept = [e for e in roots if e.turns]
+        if self._convention() == "leave-one-out":
+            size: dict[int, int] = {}
+            for e in kept:
+                size[e.start.group] = size.get(e.start.group, 0) + 1
+            kept = [e for e in kept if size[e.start.group] >= 2]
+        if not kept:
+            raise RuntimeError("every episode of this step was lost; see the crash log")
+        return kept
+
     def _convention(self) -> str:
         return self.pool[0].spec.convention
 
@@ -204,8 +219,7 @@ class Trainer:
             times[f"time_{name}"] = time.perf_counter() - t0
             return out
 
-        roots = timed("rollout", lambda: self.phase_rollout(k))
-        roots = [e for e in roots if e.turns]
+        roots = self._usable(timed("rollout", lambda: self.phase_rollout(k)))
         cont = timed("continuations", lambda: self.phase_continuations(k, roots))
         value_metrics = timed("value", lambda: self.phase_value(k, roots, cont))
         teacher = timed("teacher", lambda: self.phase_teacher(roots))
@@ -234,7 +248,7 @@ class Trainer:
             "success_rate": float(np.mean([e.outcome.success for e in roots if e.outcome])),
             "turns_mean": float(np.mean([len(e.turns) for e in roots])),
             "invalid_rate": float(np.mean([not t.valid for e in roots for t in e.turns])),
-            "episodes_lost": float(sum(e.error is not None for e in roots)),
+            "episodes_lost": float(self._lost),
             "actions": float(rb.batch.num_actions),
             "action_tokens": float(rb.batch.num_tokens),
             "root_interactions": float(sum(len(e.turns) for e in roots)),
