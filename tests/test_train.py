@@ -207,7 +207,7 @@ def test_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> None:
 
 @needs_twx
 def test_engine_crash_mid_rollout_is_survived(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """An engine that dies mid-episode is restarted; the episode counts as lost, training goes on."""
+    """An engine dying mid-episode is restarted; the episode counts as lost; training goes on."""
     from factor_cli.train.trainer import Trainer
 
     cfg = load_config("smoke", [*tiny_overrides(tiny_model_dir, tmp_path, "grpo"), "rollout.k=3"])
