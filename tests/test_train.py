@@ -127,14 +127,15 @@ def _train_cmd(model: Path, tmp: Path, extra: list[str]) -> list[str]:
 def test_sigkill_then_resume_matches_uninterrupted(tiny_model_dir: Path, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     full_dir, cut_dir = tmp_path / "full", tmp_path / "cut"
-    subprocess.run(
+    full = subprocess.run(
         _train_cmd(tiny_model_dir, full_dir, []),
-        check=True,
         env=env,
         cwd=ROOT,
         capture_output=True,
+        text=True,
         timeout=900,
     )
+    assert full.returncode == 0, full.stdout[-1500:] + full.stderr[-3000:]
     proc = subprocess.Popen(
         _train_cmd(tiny_model_dir, cut_dir, []),
         env=env,
@@ -154,14 +155,15 @@ def test_sigkill_then_resume_matches_uninterrupted(tiny_model_dir: Path, tmp_pat
     os.kill(proc.pid, signal.SIGKILL)  # mid-step 3 (or just before it)
     proc.wait()
     run_id = pointer.parents[1].name
-    subprocess.run(
+    resumed = subprocess.run(
         _train_cmd(tiny_model_dir, cut_dir, ["--resume", run_id]),
-        check=True,
         env=env,
         cwd=ROOT,
         capture_output=True,
+        text=True,
         timeout=900,
     )
+    assert resumed.returncode == 0, resumed.stdout[-1500:] + resumed.stderr[-3000:]
 
     def step3(d: Path) -> dict:
         (metrics,) = list((d / "runs").glob("*/metrics.jsonl"))

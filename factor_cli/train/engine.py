@@ -32,14 +32,20 @@ def _free_port() -> int:
 
 
 def prepare_distributed_env(device: str) -> None:
-    """Environment DeepSpeed needs, filled in only where the launcher did not set it."""
+    """Environment DeepSpeed needs. Under a launcher (torchrun) its variables are kept; a
+    standalone process is a world of one on a fresh port, even if it inherited a parent's
+    variables (a parent's MASTER_PORT would still be bound by the parent's store)."""
     if not device.startswith("cuda"):
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(EXTENSIONS_DIR))
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    for var, val in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
-        os.environ.setdefault(var, val)
+    launched = "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_WORLD_SIZE" in os.environ
+    if launched:
+        return
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return  # this process already runs its own world of one
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(_free_port())
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 
 
 def world() -> tuple[int, int]:
