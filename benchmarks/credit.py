@@ -52,6 +52,23 @@ def timed(fn: Callable[[], None], repeats: int) -> float:
     return statistics.median(samples)
 
 
+def timed_pair(a: Callable[[], None], b: Callable[[], None], repeats: int) -> tuple[float, float]:
+    """Medians of two functions timed in alternation, so drift (clock, cache, other load) hits
+    both alike."""
+    for _ in range(3):
+        a()
+        b()
+    ta, tb = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a()
+        t1 = time.perf_counter()
+        b()
+        ta.append(t1 - t0)
+        tb.append(time.perf_counter() - t1)
+    return statistics.median(ta), statistics.median(tb)
+
+
 def vectorised(batch: PackedBatch, logp: torch.Tensor, credit: torch.Tensor) -> torch.Tensor:
     lp = logp.clone().requires_grad_(True)
     omega = allocation(batch.gap, batch.action_index, credit, eta=0.5)
@@ -102,8 +119,11 @@ def main() -> None:
     )
     t_vec = timed(lambda: vectorised(batch, logp, credit), args.repeats)
     t_loop = timed(lambda: per_action_loop(batch, logp, credit), max(3, args.repeats // 10))
-    t_factor = timed(lambda: method_step(batch, logp, "factor"), args.repeats)
-    t_grpo = timed(lambda: method_step(batch, logp, "grpo"), args.repeats)
+    t_factor, t_grpo = timed_pair(
+        lambda: method_step(batch, logp, "factor"),
+        lambda: method_step(batch, logp, "grpo"),
+        args.repeats,
+    )
     res = {
         "trajectories": batch.num_trajectories,
         "actions": batch.num_actions,

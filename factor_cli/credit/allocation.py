@@ -46,7 +46,14 @@ def hta_scores(gap: Tensor, action_index: Tensor, credit: Tensor, d: float) -> T
 
 
 def allocation(
-    gap: Tensor, action_index: Tensor, credit: Tensor, eta: float, tau: float = 1.0, d: float = 3.0
+    gap: Tensor,
+    action_index: Tensor,
+    credit: Tensor,
+    eta: float,
+    tau: float = 1.0,
+    d: float = 3.0,
+    *,
+    check: bool = True,
 ) -> Tensor:
     """APM allocation omega[N_tok]:
 
@@ -60,37 +67,47 @@ def allocation(
         gap: Delta_{t,j}, [N_tok]. action_index: action of each token, [N_tok] in [0, N_act).
         credit: A*_t, [N_act]. eta: teacher concentration eta_k. tau: softmax temperature.
         d: clip bound (math.inf allowed).
+        check: validate the inputs (False only for inputs already validated).
     """
-    action_index, length = validate_tokens(gap, action_index, credit)
-    eta = checks.unit_interval("eta", eta)
-    tau = checks.positive("tau", tau)
-    d = checks.positive("d", d, allow_inf=True)
+    if check:
+        action_index, length = validate_tokens(gap, action_index, credit)
+        eta = checks.unit_interval("eta", eta)
+        tau = checks.positive("tau", tau)
+        d = checks.positive("d", d, allow_inf=True)
+    else:
+        action_index = action_index.long()
+        length = segment_count(action_index, credit.numel())
     scores = hta_scores(gap, action_index, credit, d) / tau
     soft = segment_softmax(scores, action_index, credit.numel(), max_abs=d / tau)
     return (1.0 - eta) + eta * length.to(gap.dtype).index_select(0, action_index) * soft
 
 
 @ALLOCATIONS.register("per-action")
-def _per_action(gap, action_index, credit, strength, cfg, generator):
-    return allocation(gap, action_index, credit, strength, cfg.tau, cfg.d)
+def _per_action(gap, action_index, credit, strength, cfg, generator, check=True):
+    return allocation(gap, action_index, credit, strength, cfg.tau, cfg.d, check=check)
 
 
 @ALLOCATIONS.register("uniform")
-def uniform_allocation(gap, action_index, credit, strength, cfg, generator):
+def uniform_allocation(gap, action_index, credit, strength, cfg, generator, check=True):
     """omega_{t,j} = 1 (w/o HTA: eta == 0, the teacher gap is ignored)."""
-    validate_tokens(gap, action_index, credit)
+    if check:
+        validate_tokens(gap, action_index, credit)
     return torch.ones_like(gap)
 
 
 @ALLOCATIONS.register("batch-global")
-def batch_global_allocation(gap, action_index, credit, strength, cfg, generator):
+def batch_global_allocation(gap, action_index, credit, strength, cfg, generator, check=True):
     """Batch-global norm ablation: one softmax over every action token of the batch,
 
         rho_{t,j} = (1 - eta) / L_t + eta * softmax_batch(s_{t,j} / tau),  omega = L_t rho,
 
     which no longer preserves the per-action mean.
     """
-    action_index, length = validate_tokens(gap, action_index, credit)
+    if check:
+        action_index, length = validate_tokens(gap, action_index, credit)
+    else:
+        action_index = action_index.long()
+        length = segment_count(action_index, credit.numel())
     eta = checks.unit_interval("eta", strength)
     scores = hta_scores(gap, action_index, credit, cfg.d) / cfg.tau
     soft = torch.softmax(scores, dim=0)
@@ -98,14 +115,16 @@ def batch_global_allocation(gap, action_index, credit, strength, cfg, generator)
 
 
 @ALLOCATIONS.register("token-shuffled")
-def token_shuffled_allocation(gap, action_index, credit, strength, cfg, generator):
+def token_shuffled_allocation(gap, action_index, credit, strength, cfg, generator, check=True):
     """TokenShuffled ablation: the gaps are permuted at random within each action before APM.
 
     The permutation is drawn from ``generator`` (a fresh one per step in training), so the
     allocation keeps its distribution of weights but loses which token earned them. Tokens of
     one action must be contiguous.
     """
-    action_index, _ = validate_tokens(gap, action_index, credit)
-    checks.contiguous("action_index", action_index, credit.numel())
+    if check:
+        action_index, _ = validate_tokens(gap, action_index, credit)
+        checks.contiguous("action_index", action_index, credit.numel())
+    action_index = action_index.long()
     perm = permute_within_segments(action_index, generator)
-    return allocation(gap[perm], action_index, credit, strength, cfg.tau, cfg.d)
+    return allocation(gap[perm], action_index, credit, strength, cfg.tau, cfg.d, check=check)

@@ -42,6 +42,8 @@ class CreditInputs:
     a_seq: Tensor
     group_index: Tensor
     state_key: Tensor | None = None
+    validated: bool = False
+    """True when built from a validated PackedBatch: estimators then skip re-checking."""
 
     @property
     def num_actions_per_traj(self) -> Tensor:
@@ -69,7 +71,9 @@ ESTIMATORS: Registry[Estimator] = Registry("credit estimator")
 
 
 def _td(inp: CreditInputs, cfg: CreditConfig, gen: torch.Generator | None) -> Tensor:
-    return td_action_credit(inp.rewards, inp.values, inp.traj_index, inp.v0)
+    return td_action_credit(
+        inp.rewards, inp.values, inp.traj_index, inp.v0, check=not inp.validated
+    )
 
 
 def _td_n(inp: CreditInputs, cfg: CreditConfig, gen: torch.Generator | None, n: int) -> Tensor:

@@ -229,7 +229,14 @@ def assign_credit(
         )
     values = batch.values if batch.values is not None else torch.zeros_like(rewards)
     inp = CreditInputs(
-        rewards, values, traj, adv.v0, adv.a_seq, batch.group_index.long(), batch.state_key
+        rewards,
+        values,
+        traj,
+        adv.v0,
+        adv.a_seq,
+        batch.group_index.long(),
+        batch.state_key,
+        validated=True,
     )
     credit = uniform_credit(inp, cfg) if warm else estimator(inp, cfg, generator)
 
@@ -241,7 +248,10 @@ def assign_credit(
         gap = batch.gap
     else:
         gap = torch.zeros_like(batch.logp_old)
-    weight = ALLOCATIONS.get(spec.allocation)(gap, action_index, credit, strength, cfg, generator)
+    # The batch was validated above: the allocation need not check its inputs again.
+    weight = ALLOCATIONS.get(spec.allocation)(
+        gap, action_index, credit, strength, cfg, generator, check=False
+    )
     return CreditAssignment(
         a_seq=adv.a_seq,
         v0=adv.v0,

@@ -28,6 +28,8 @@ def serl_weights(
     clip: float = 0.2,
     psi_min: float | None = None,
     psi_max: float | None = None,
+    *,
+    check: bool = True,
 ) -> Tensor:
     """SERL token multipliers w[N_tok] (see module docstring).
 
@@ -36,9 +38,12 @@ def serl_weights(
         advantage: the action's A (A^seq or A*_t), [N_act]; only its sign is used.
         alpha: alpha_k in [0, 1]. clip: c, psi bounds default to [1 - c, 1 + c].
         psi_min, psi_max: explicit psi bounds overriding c (e.g. [0, 5]).
+        check: validate the inputs (False only for inputs already validated).
     """
-    action_index, _ = validate_tokens(gap, action_index, advantage)
-    alpha = checks.unit_interval("alpha", alpha)
+    if check:
+        action_index, _ = validate_tokens(gap, action_index, advantage)
+        alpha = checks.unit_interval("alpha", alpha)
+    action_index = action_index.long()
     lo = 1.0 - clip if psi_min is None else psi_min
     hi = 1.0 + clip if psi_max is None else psi_max
     if not (0.0 <= lo <= hi):
@@ -49,9 +54,9 @@ def serl_weights(
 
 
 @ALLOCATIONS.register("serl-psi")
-def _serl_psi(gap, action_index, credit, strength, cfg, generator):
+def _serl_psi(gap, action_index, credit, strength, cfg, generator, check=True):
     lo, hi = cfg.psi_bounds
-    return serl_weights(gap, action_index, credit, strength, cfg.psi_clip, lo, hi)
+    return serl_weights(gap, action_index, credit, strength, cfg.psi_clip, lo, hi, check=check)
 
 
 def action_kl(

@@ -49,7 +49,9 @@ def boundary_potential(values: Tensor, traj_index: Tensor, v0: Tensor) -> tuple[
     return v_now, v_next
 
 
-def td_action_credit(rewards: Tensor, values: Tensor, traj_index: Tensor, v0: Tensor) -> Tensor:
+def td_action_credit(
+    rewards: Tensor, values: Tensor, traj_index: Tensor, v0: Tensor, *, check: bool = True
+) -> Tensor:
     """One-step TAC:  A*_t = r_t + V~(x_{t+1}) - V~(x_t),  gamma = 1.
 
     Args:
@@ -57,11 +59,12 @@ def td_action_credit(rewards: Tensor, values: Tensor, traj_index: Tensor, v0: Te
         values: V_target(x_t), shape [N_act]; the first action's entry of each trajectory is unused.
         traj_index: trajectory of each action, shape [N_act], int, contiguous in turn order.
         v0: V~(x_0) per trajectory (b_i or 0 by convention), shape [N_traj].
+        check: validate the inputs (False only for inputs already validated, e.g. a PackedBatch).
 
     Returns:
         A*[N_act], with sum_t A*_t = sum_t r_t - v0[i] exactly (telescoping).
     """
-    traj_index = _validate(rewards, values, traj_index, v0)
+    traj_index = _validate(rewards, values, traj_index, v0) if check else traj_index.long()
     v_now, v_next = boundary_potential(values, traj_index, v0)
     return rewards + v_next - v_now
 
