@@ -100,6 +100,8 @@ class Trainer:
         self.max_turns = cfg.env.max_turns or self.pool[0].max_turns
         self.runner = RolloutRunner(self.pool, self.generator, self.fmt, self.max_turns)
         self.step = 0
+        self._values: torch.Tensor | None = None
+        self._lost = 0
 
     # -- phases -----------------------------------------------------------------------------
     def phase_rollout(self, k: int) -> list[Episode]:
@@ -136,6 +138,9 @@ class Trainer:
         self, k: int, roots: list[Episode], cont: ContinuationResult | None
     ) -> dict[str, float]:
         """Fit the online head on the replay buffer, update the target, return V_target."""
+        if not self.spec.uses_value_head:  # GRPO, SERL, GiGPO, mc: no value head to feed
+            self._values = None
+            return {}
         # Features once; V_target is read after this step's value update and EMA.
         _, feats = root_values(self.policy.model, self.heads, roots, self.pad_id)
         out: dict[str, float] = {}
