@@ -245,6 +245,9 @@ class Trainer:
             ),
         )
         self.policy.model.eval()
+        refresh = getattr(self.generator, "refresh", None)
+        if refresh is not None:  # vLLM holds its own copy of the weights: load the new ones
+            refresh(self.policy.model)
         self.step = k
         dev = coefficient_deviation(credit.weight, rb.batch.action_index, rb.batch.num_actions)
         outcomes = [e.outcome.outcome for e in roots if e.outcome]
@@ -274,6 +277,9 @@ class Trainer:
             **value_metrics,
             **times,
         }
+        gap = getattr(self.generator, "last_logprob_gap", None)
+        if gap is not None:  # vLLM log-probs were re-scored by the trainer model: report the gap
+            metrics["vllm_logprob_gap"] = float(gap)
         return StepResult(
             k, {m: v for m, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))}
         )
