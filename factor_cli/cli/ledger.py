@@ -8,8 +8,6 @@ Thin layer over :mod:`factor_cli.ledger`: resolve the store (``--tracking-uri`` 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -17,6 +15,8 @@ import pandas as pd
 import typer
 from rich.markup import escape
 from rich.table import Table
+
+from factor_cli.atomic import atomic_target
 
 from .common import console, fail
 
@@ -146,23 +146,13 @@ def write_atomic(frame: pd.DataFrame, out: Path) -> None:
         raise ValueError(
             f"unsupported output type {out.suffix!r}; use one of {', '.join(_CSV + _PARQUET)}"
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    os.close(fd)
-    try:
+    with atomic_target(out) as tmp:
         if name.endswith(_PARQUET):
             frame.to_parquet(tmp, index=False)
         else:
             sep = "\t" if name.endswith(".tsv") else ","
             compression = "gzip" if name.endswith(".gz") else None
             frame.to_csv(tmp, index=False, sep=sep, compression=compression)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the file from other users
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @app.command("export")

@@ -9,6 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from factor_cli.atomic import atomic_target
 from factor_cli.train.config import ConfigError, TrainConfig, field_reference, load_config
 
 from .common import console, fail
@@ -141,7 +142,8 @@ def eval_cmd(
     except (ValueError, FileNotFoundError) as exc:
         fail(str(exc).splitlines()[0])
     path = out or model_dir.parent / f"eval_items_{cfg.env.name}.csv"
-    items.to_csv(path, index=False)
+    with atomic_target(path) as tmp:
+        items.to_csv(tmp, index=False)
     value = metric(items)
     if as_json:
         typer.echo(json.dumps({"metric": value, "items": len(items), "path": str(path)}))

@@ -11,11 +11,11 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from factor_cli.atomic import atomic_write_text
 
 REQUIRED = ("instance_id", "split", "category", "episode", "sha256")
 SPLITS = ("train", "eval")
@@ -52,20 +52,7 @@ def file_digest(path: Path) -> str:
 
 def atomic_write(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", newline="") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the file from other users
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, text)
 
 
 def write_manifest(path: Path, rows: Sequence[Row]) -> None:

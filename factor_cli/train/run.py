@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from factor_cli.atomic import atomic_target
 from factor_cli.ledger import start_run
 from factor_cli.policy.model import load_policy
 
@@ -143,7 +144,8 @@ def train(
             )
             value = metric(items)
             items_path = run_dir / "eval_items.csv"
-            items.to_csv(items_path, index=False)
+            with atomic_target(items_path) as tmp:
+                items.to_csv(tmp, index=False)
             run.log_items(
                 items[["env", "method", "seed", "item_id", "category", "success", "score"]]
             )
