@@ -30,14 +30,17 @@ SEED = 7
 
 # -- without the engine -------------------------------------------------------------------------
 def test_task_from_intro() -> None:
-    intro = ("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in a room.\n\n"
-             "Your task is to: put a mug in desk.")
+    intro = (
+        "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in a room.\n\n"
+        "Your task is to: put a mug in desk."
+    )
     assert aw.task_from_intro(intro) == "put a mug in desk."
     assert aw.task_from_intro("no task here") == ""
 
 
-@pytest.mark.parametrize("bad", ["", "/abs/path", "train/../../etc", "train//x", "./train/x",
-                                 "train/nope/trial_0"])
+@pytest.mark.parametrize(
+    "bad", ["", "/abs/path", "train/../../etc", "train//x", "./train/x", "train/nope/trial_0"]
+)
 def test_bad_instance_ids(tmp_path: Path, bad: str) -> None:
     with pytest.raises(UnknownInstance, match="alfworld"):
         aw.game_path(tmp_path, bad)
@@ -53,8 +56,11 @@ def test_unknown_data_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(aw, "DEFAULT_GENERATED_ROOT", tmp_path / "none")
     with pytest.raises(EnvUnavailable, match="ALFWORLD_DATA"):
         aw.resolve_data_root()
-    expected = (f"alfworld is not installed: {aw.INSTALL}"
-                if importlib.util.find_spec("alfworld") is None else aw.NO_DATA)
+    expected = (
+        f"alfworld is not installed: {aw.INSTALL}"
+        if importlib.util.find_spec("alfworld") is None
+        else aw.NO_DATA
+    )
     assert aw.AlfWorldEnv.availability() == expected
     with pytest.raises(EnvUnavailable, match="alfworld"):
         make_env("alfworld")
@@ -151,17 +157,27 @@ def test_game_files_and_determinism(gen_root: Path) -> None:
     lay = sample_layout("pick_heat_then_place_in_recep", tables().train_scenes, rng)
     problem_id = f"train_pick_heat_then_place_in_recep_{SEED}_0"
     assert problem_pddl(lay, problem_id) == game["pddl_problem"]
-    other = sample_layout("pick_heat_then_place_in_recep", tables().train_scenes,
-                          random.Random(f"{SEED + 1}/train/pick_heat_then_place_in_recep/0"))
+    other = sample_layout(
+        "pick_heat_then_place_in_recep",
+        tables().train_scenes,
+        random.Random(f"{SEED + 1}/train/pick_heat_then_place_in_recep/0"),
+    )
     assert problem_pddl(other, "x") != problem_pddl(lay, "x")
     # Another process with another string-hash seed writes the same problem (no set order leaks).
-    code = ("import random, sys; from factor_cli.envs.alfworld_gen import *; "
-            "t = 'pick_heat_then_place_in_recep'; "
-            f"rng = random.Random('{SEED}/train/' + t + '/0'); "
-            "lay = sample_layout(t, tables().train_scenes, rng); "
-            f"sys.stdout.write(problem_pddl(lay, '{problem_id}'))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONHASHSEED": "12345"})
+    code = (
+        "import random, sys; from factor_cli.envs.alfworld_gen import *; "
+        "t = 'pick_heat_then_place_in_recep'; "
+        f"rng = random.Random('{SEED}/train/' + t + '/0'); "
+        "lay = sample_layout(t, tables().train_scenes, rng); "
+        f"sys.stdout.write(problem_pddl(lay, '{problem_id}'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+    )
     assert out.stdout == game["pddl_problem"]
 
 
@@ -190,8 +206,9 @@ def test_split_rows_rejects_partial_or_foreign_sets(gen_root: Path, tmp_path: Pa
     (root / aw.GENERATED_MARKER).write_text(json.dumps({"eval": record["eval"]}))
     with pytest.raises(EnvError, match="does not record"):  # an unrecorded train folder
         generate(root, per_category=1, seed=SEED, split="train")
-    (root / aw.GENERATED_MARKER).write_text(json.dumps({**record, "train": {
-        **record["train"], "games": None}}))
+    (root / aw.GENERATED_MARKER).write_text(
+        json.dumps({**record, "train": {**record["train"], "games": None}})
+    )
     with pytest.raises(EnvError, match="did not finish"):
         split_rows(root, SEED)
     (root / aw.GENERATED_MARKER).write_text(json.dumps(record))
@@ -242,8 +259,9 @@ def test_bad_instance_on_the_engine(env, gen_root: Path, tmp_path: Path) -> None
 
 
 @needs_alfworld
-def test_registry_and_canonical_description(gen_root: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_registry_and_canonical_description(
+    gen_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ALFWORLD_DATA", str(gen_root))
     assert aw.AlfWorldEnv.availability() is None
     with make_env("alfworld") as alf:
@@ -260,10 +278,12 @@ def test_official_layout_and_handcoded_expert(gen_root: Path, tmp_path: Path) ->
 
     src = gen_root / _game_of(gen_root, "train", "look_at_obj_in_light")
     official = tmp_path / "data"
-    for fold, name in (("json_2.1.1/train", "look_at_obj_in_light-A-None-B-301"),
-                       ("json_2.1.1/valid_unseen", "look_at_obj_in_light-A-None-B-302"),
-                       ("json_2.1.1/train", "pick_and_place_with_movable_recep-A-B-C-1"),
-                       ("json_2.1.1/valid_seen", "look_at_obj_in_light-A-None-B-303")):
+    for fold, name in (
+        ("json_2.1.1/train", "look_at_obj_in_light-A-None-B-301"),
+        ("json_2.1.1/valid_unseen", "look_at_obj_in_light-A-None-B-302"),
+        ("json_2.1.1/train", "pick_and_place_with_movable_recep-A-B-C-1"),
+        ("json_2.1.1/valid_seen", "look_at_obj_in_light-A-None-B-303"),
+    ):
         shutil.copytree(src, official / fold / name / "trial_T0")
     trial = official / "json_2.1.1/train/look_at_obj_in_light-A-None-B-301/trial_T0"
     game_file = trial / aw.GAME_FILE

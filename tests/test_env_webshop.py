@@ -138,8 +138,10 @@ def test_page_text_small_cases(html: str, text: str) -> None:
     assert ws.page_text(html) == text
 
 
-@pytest.mark.parametrize(("index", "fold"), [(0, "eval"), (499, "eval"), (500, "dev"),
-                                             (1499, "dev"), (1500, "train"), (12086, "train")])
+@pytest.mark.parametrize(
+    ("index", "fold"),
+    [(0, "eval"), (499, "eval"), (500, "dev"), (1499, "dev"), (1500, "train"), (12086, "train")],
+)
 def test_goal_split(index: int, fold: str) -> None:
     assert ws.goal_split(index) == fold
 
@@ -165,7 +167,8 @@ def test_missing_setup_names_each_step(tmp_path, monkeypatch: pytest.MonkeyPatch
     (repo / "search_engine" / "indexes_1k").mkdir(parents=True)
     monkeypatch.setattr(ws, "java_missing", lambda: "Java is not installed")
     assert ws.missing_setup() == (
-        "WebShop's search engine (pyserini) needs Java 11+: Java is not installed")
+        "WebShop's search engine (pyserini) needs Java 11+: Java is not installed"
+    )
     monkeypatch.setattr(ws, "java_missing", lambda: None)
     assert ws.missing_setup() is None
 
@@ -173,7 +176,9 @@ def test_missing_setup_names_each_step(tmp_path, monkeypatch: pytest.MonkeyPatch
 def test_unavailable_webshop_fails_with_the_setup_line(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("WEBSHOP_DIR", str(tmp_path / "nowhere"))
     assert ws.WebShopEnv.availability() == ws.SETUP
-    with pytest.raises(EnvUnavailable, match=r"git clone https://github\.com/princeton-nlp/WebShop"):
+    with pytest.raises(
+        EnvUnavailable, match=r"git clone https://github\.com/princeton-nlp/WebShop"
+    ):
         make_env("webshop")
     with pytest.raises(EnvUnavailable, match=r"setup\.sh"):
         ws.WebShopEnv()
@@ -208,18 +213,24 @@ class _StandInTextEnv:
 
     PAGES: ClassVar[dict[str, str]] = {
         "search": '<div id="instruction-text"><h4>Instruction: <br>{goal}</h4></div>'
-                  '<input id="search_input"><button class="btn">Search</button>',
+        '<input id="search_input"><button class="btn">Search</button>',
         "results": '<button class="btn">Back to Search</button>'
-                   '<a class="product-link">B0001</a><h4>Red shirt</h4>',
+        '<a class="product-link">B0001</a><h4>Red shirt</h4>',
         "item": '<button class="btn">Buy Now</button><p>{words}</p>',
     }
 
     def __init__(self, observation_mode: str, **kwargs: object) -> None:
         assert observation_mode == "html"
-        self.server = type("Server", (), {"goals": [
-            {"asin": "B0001", "category": "fashion", "instruction_text": "a red shirt"},
-            {"asin": "B0002", "category": "food", "instruction_text": "cheap tea"},
-        ]})()
+        self.server = type(
+            "Server",
+            (),
+            {
+                "goals": [
+                    {"asin": "B0001", "category": "fashion", "instruction_text": "a red shirt"},
+                    {"asin": "B0002", "category": "food", "instruction_text": "cheap tea"},
+                ]
+            },
+        )()
         self.page, self.goal = "search", self.server.goals[0]
 
     @property
@@ -236,8 +247,11 @@ class _StandInTextEnv:
         return self.state["html"], None
 
     def get_available_actions(self) -> dict:
-        clicks = {"search": ["search"], "results": ["back to search", "b0001"],
-                  "item": ["buy now"]}[self.page]
+        clicks = {
+            "search": ["search"],
+            "results": ["back to search", "b0001"],
+            "item": ["buy now"],
+        }[self.page]
         return {"has_search_bar": self.page == "search", "clickables": clicks}
 
     def step(self, action: str) -> tuple[str, float, bool, None]:
@@ -279,7 +293,10 @@ def test_adapter_episode_on_the_stand_in(stand_in) -> None:
     assert env.valid_actions() == ["search[<keywords>]"]
     bad = env.step("click[B0001]")  # not on this page
     assert (bad.valid, bad.observation, bad.info["invalid_reason"]) == (
-        False, obs, "nothing to click called 'b0001' on this page")
+        False,
+        obs,
+        "nothing to click called 'b0001' on this page",
+    )
     results = env.step("search[A Red Shirt]").observation
     assert results == "Back to Search [SEP] B0001 [SEP] Red shirt"
     assert env.valid_actions() == ["click[back to search]", "click[b0001]"]
