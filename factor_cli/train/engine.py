@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -95,10 +97,20 @@ class Engine:
             model=model, optimizer=optimizer, config=conf, dist_init_required=True
         )
         self.rank, self.world_size = world()
+        self.zero_stage = cfg.engine.zero_stage
 
     @property
     def module(self) -> torch.nn.Module:
+        """The bare model: for reading weights and for forward passes outside the update."""
         return self.engine.module
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The model as the update must call it: through DeepSpeed's forward, whose bookkeeping
+        tells ZeRO-3 that a new micro-batch begins (else each backward overwrites the gradient
+        accumulated so far instead of adding to it; measured: ZeRO-3 losses drifted from ZeRO-0
+        whenever a mini-batch held more than one micro-batch)."""
+        return self.engine
 
     def backward(self, loss: torch.Tensor, boundary: bool) -> None:
         """Accumulate ``loss``'s gradient; ``boundary`` marks the last micro-batch of a step."""
@@ -112,6 +124,28 @@ class Engine:
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")
+
+    @contextmanager
+    def full_parameters(self) -> Iterator[torch.nn.Module]:
+        """The module with every parameter whole on every rank, for reading the weights (saving
+        a model, refreshing vLLM). ZeRO-3 partitions parameters across ranks, so they are
+        gathered for the duration; the other stages hold them whole already."""
+        if self.zero_stage != 3:
+            yield self.module
+            return
+        import deepspeed
+
+        params = list(self.module.parameters())
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            yield self.module
+
+    def save_pretrained(self, directory: Path, tokenizer: Any) -> None:
+        """A Hugging Face model directory of the current weights (rank 0 writes it)."""
+        with self.full_parameters() as module:
+            if self.rank == 0:
+                state = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+                module.save_pretrained(directory, state_dict=state)
+                tokenizer.save_pretrained(directory)
 
     def save(self, directory: Path) -> None:
         self.engine.save_checkpoint(str(directory), tag="engine", save_latest=False)

@@ -132,8 +132,7 @@ def train(
                     return RunSummary(run.run_id, run_dir, trainer.step, metrics, None, None)
             final = run_dir / "model"
             tmp = run_dir / ".model.tmp"
-            trainer.engine.module.save_pretrained(tmp)
-            trainer.policy.tokenizer.save_pretrained(tmp)
+            trainer.engine.save_pretrained(tmp, trainer.policy.tokenizer)
             if final.exists():
                 import shutil
 

@@ -247,7 +247,8 @@ class Trainer:
         self.policy.model.eval()
         refresh = getattr(self.generator, "refresh", None)
         if refresh is not None:  # vLLM holds its own copy of the weights: load the new ones
-            refresh(self.policy.model)
+            with self.engine.full_parameters() as module:
+                refresh(module)
         self.step = k
         dev = coefficient_deviation(credit.weight, rb.batch.action_index, rb.batch.num_actions)
         outcomes = [e.outcome.outcome for e in roots if e.outcome]

@@ -115,7 +115,7 @@ def _minibatch(
             engine.backward(zero, boundary=True)
             continue
         sc = score_replies(
-            engine.module,
+            engine.model,
             [rb.prompts[a] for a in acts],
             [rb.replies[a] for a in acts],
             temperature,
@@ -126,7 +126,7 @@ def _minibatch(
         logp, logp_old, coef, index, na_new, na_old, na_traj = [], [], [], [], [], [], []
         student_logits = []
         for local, (a, lp) in enumerate(zip(acts, sc.logprobs)):
-            mask = torch.tensor(rb.action_masks[a])
+            mask = torch.tensor(rb.action_masks[a], device=lp.device)
             logp.append(lp[mask])
             idx = torch.tensor(act_tokens[a])
             logp_old.append(b.logp_old[idx])
@@ -141,12 +141,15 @@ def _minibatch(
                 )
             if sc.logits is not None:
                 student_logits.append(sc.logits[local][mask])
-        logp_t, logp_old_t = torch.cat(logp), torch.cat(logp_old).to(torch.cat(logp).dtype)
+        # The batch lives on the CPU; the scores on the model's device (and in its float type).
+        logp_t = torch.cat(logp)
+        dev = logp_t.device
+        logp_old_t = torch.cat(logp_old).to(logp_t)
         act_loss = policy_loss(
             logp_t,
             logp_old_t,
-            torch.cat(coef).to(logp_t.dtype),
-            torch.cat(index),
+            torch.cat(coef).to(logp_t),
+            torch.cat(index).to(dev),
             credit.reduction,
             cfg.optim.clip_eps,
             normalizer=unit,
@@ -155,9 +158,9 @@ def _minibatch(
         if na_new:
             na = non_action_loss(
                 torch.cat(na_new),
-                torch.cat(na_old).to(logp_t.dtype),
-                torch.cat(na_traj),
-                credit.a_seq.to(logp_t.dtype),
+                torch.cat(na_old).to(logp_t),
+                torch.cat(na_traj).to(dev),
+                credit.a_seq.to(logp_t),
                 cfg.optim.clip_eps,
                 normalizer=max(n_na, 1),
             )
@@ -174,7 +177,7 @@ def _minibatch(
                     return_logits=True,
                 )
             t_logits = torch.cat(
-                [z[torch.tensor(rb.action_masks[a])] for z, a in zip(tsc.logits, acts)]
+                [z[torch.tensor(rb.action_masks[a], device=dev)] for z, a in zip(tsc.logits, acts)]
             )
             kl = action_kl(t_logits, torch.cat(student_logits), normalizer=n_tok)
             loss = loss + credit.kl_coef * kl
@@ -188,7 +191,9 @@ def _minibatch(
     out.clip_fraction = clipped / max(n_tok, 1)
     if engine.world_size > 1:  # each rank saw a share: the statistics are their sums
         fields = ("loss", "action_loss", "non_action_loss", "kl", "clip_fraction", "approx_kl")
-        vec = torch.tensor([getattr(out, f) for f in fields], dtype=torch.float64)
+        # On the module's device: NCCL reduces CUDA tensors only, gloo takes CPU ones.
+        device = next(engine.module.parameters()).device
+        vec = torch.tensor([getattr(out, f) for f in fields], dtype=torch.float64, device=device)
         torch.distributed.all_reduce(vec)
         for f, v in zip(fields, vec.tolist()):
             setattr(out, f, v)

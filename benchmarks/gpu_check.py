@@ -1,0 +1,271 @@
+"""The GPU-only training paths, checked on one CUDA device (they cannot run on the CPU).
+
+For each engine setting (ZeRO stage x precision x optimizer offload) it builds a DeepSpeed
+engine around a policy on CUDA, runs PPO updates on a fixed synthetic rollout batch (the update
+code of ``factor train``), and checks: finite losses, weights that move, an engine checkpoint
+that reloads into a fresh engine with equal weights, and a Hugging Face export (ZeRO-3 gathers
+its partitioned parameters) that reloads with the same weights. Then the ``hf`` backend on CUDA:
+sampled tokens/s and the gap between behaviour log-probs and a re-score.
+
+Usage: python benchmarks/gpu_check.py OUT_DIR [--medium]   (``--medium``: also time a ~110M
+Llama built from a config). Prints one line per check and writes ``OUT_DIR/gpu_check.json``.
+Without CUDA it runs the fp32 ZeRO 0/1 cases on the CPU, which is how the script is tested here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from synthetic import synthetic_batch  # noqa: E402  (tests/synthetic.py)
+
+from factor_cli.credit import assign_credit  # noqa: E402
+from factor_cli.policy.generation import HFGenerator, score_replies  # noqa: E402
+from factor_cli.policy.model import init_tiny, load_policy  # noqa: E402
+from factor_cli.train.config import load_config  # noqa: E402
+from factor_cli.train.engine import Engine  # noqa: E402
+from factor_cli.train.update import ppo_update  # noqa: E402
+
+CORPUS = [
+    f"You are in room {i}. There is a {c} coin on the {t}. Exits: north, south. "
+    f"<action>take {c} coin</action> <action>go {d}</action> score {i}"
+    for i in range(300)
+    for c, t, d in [("gold", "table", "north"), ("silver", "floor", "south")]
+]
+
+
+def weights(engine: Engine) -> list[torch.Tensor]:
+    with engine.full_parameters() as module:
+        return [p.detach().float().cpu().clone() for p in module.parameters()]
+
+
+def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+
+def engine_case(
+    model_dir: Path,
+    work: Path,
+    device: str,
+    zero: int,
+    precision: str,
+    offload: bool,
+    updates: int,
+    batch: tuple[int, int, int, int],
+) -> dict[str, Any]:
+    dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision]
+    cfg = load_config(
+        "smoke",
+        [
+            f"model.device={device}",
+            f"engine.zero_stage={zero}",
+            f"engine.precision={precision}",
+            f"engine.offload_optimizer={str(offload).lower()}",
+            "optim.micro_batch_actions=16",
+            "optim.lr=1e-4",
+            "optim.minibatches=1",
+        ],
+    )
+    policy = load_policy(str(model_dir), dtype, device)
+    rb = synthetic_batch(policy.model, *batch)
+    packed = rb.batch
+    credit = assign_credit(packed, "grpo", 20)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    engine = Engine(policy.model, cfg)
+    before = weights(engine)
+    times, losses = [], []
+    for i in range(updates):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        stats = ppo_update(engine, rb, credit, cfg, 0, None, torch.Generator().manual_seed(i))
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(stats.loss)
+    after = weights(engine)
+    ckpt = work / f"ckpt-z{zero}-{precision}-{int(offload)}"
+    engine.save(ckpt)
+    export = work / f"export-z{zero}-{precision}-{int(offload)}"
+    engine.save_pretrained(export, policy.tokenizer)
+    reloaded = load_policy(str(export), "float32", "cpu")
+    export_gap = max_diff(after, [p.detach().float() for p in reloaded.model.parameters()])
+    fresh = Engine(load_policy(str(model_dir), dtype, device).model, cfg)
+    fresh.load(ckpt)
+    resume_gap = max_diff(after, weights(fresh))
+    out = {
+        "case": f"zero{zero}-{precision}" + ("-offload" if offload else ""),
+        "params": sum(p.numel() for p in before),
+        "actions": packed.num_actions,
+        "action_tokens": packed.num_tokens,
+        "losses": losses,
+        "finite": all(math.isfinite(x) for x in losses),
+        "weight_change": max_diff(after, before),
+        "resume_gap": resume_gap,
+        "export_gap": export_gap,
+        "s_per_update_median": sorted(times)[len(times) // 2],
+        "s_first_update": times[0],
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else 0,
+    }
+    out["ok"] = (
+        out["finite"]
+        and out["weight_change"] > 0
+        and resume_gap == 0.0
+        and export_gap <= (0.0 if precision == "fp32" else 1e-2)
+    )
+    del engine, fresh
+    return out
+
+
+def generation_case(model_dir: Path, device: str, dtype: str, n: int) -> dict[str, Any]:
+    policy = load_policy(str(model_dir), dtype, device)
+    gen = HFGenerator(policy, max_new_tokens=64, max_context=512)
+    prompts = [f"You are in room {i}. There is a gold coin on the table." for i in range(n)]
+    gen.generate(prompts[:4], temperature=1.0, seed=0)  # warm-up (kernels, allocator)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    outs = gen.generate(prompts, temperature=1.0, seed=1)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    tokens = sum(len(o.token_ids) for o in outs)
+    sc = score_replies(
+        policy.model, [o.prompt_ids for o in outs], [o.token_ids for o in outs], 1.0, gen.pad_id
+    )
+    gap = max(
+        float((torch.tensor(o.logprobs) - lp.float().cpu()).abs().max())
+        for o, lp in zip(outs, sc.logprobs)
+        if o.token_ids
+    )
+    return {
+        "case": f"hf-generate-{dtype}",
+        "replies": n,
+        "tokens": tokens,
+        "tokens_per_s": tokens / dt,
+        "rescore_gap": gap,
+        "ok": gap < (1e-4 if dtype == "float32" else 0.1),
+    }
+
+
+def medium_model(tiny_dir: Path, out: Path) -> Path:
+    """A ~110M-parameter Llama with the tiny tokenizer (random weights, for timing only)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    conf = AutoConfig.from_pretrained(tiny_dir)
+    conf.update(
+        {
+            "hidden_size": 768,
+            "num_hidden_layers": 12,
+            "num_attention_heads": 12,
+            "num_key_value_heads": 12,
+            "intermediate_size": 2048,
+            "head_dim": 64,
+        }
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(conf)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(out)
+    return out
+
+
+def main() -> None:
+    out_dir = Path(sys.argv[1])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    report: dict[str, Any] = {
+        "torch": torch.__version__,
+        "cuda": cuda,
+        "device_name": torch.cuda.get_device_name() if cuda else "cpu",
+    }
+    try:
+        import deepspeed
+
+        report["deepspeed"] = deepspeed.__version__
+    except ImportError as e:
+        report["deepspeed"] = f"missing: {e}"
+    print(json.dumps(report), flush=True)
+    work = Path(tempfile.mkdtemp(prefix="factor-gpu-check-"))  # checkpoints stay out of OUT_DIR
+    tiny = init_tiny(work / "tiny-5m", "5m", texts=CORPUS, overwrite=True)
+    cases = [(0, "fp32", False), (1, "fp32", False)]
+    if cuda:
+        cases += [(2, "bf16", False), (3, "bf16", False), (3, "fp32", False), (3, "bf16", True)]
+    results = []
+
+    def record(r: dict[str, Any]) -> None:
+        results.append(r)
+        print(json.dumps(r), flush=True)
+        (out_dir / "gpu_check.json").write_text(
+            json.dumps({**report, "results": results}, indent=1)
+        )
+
+    for zero, prec, off in cases:
+        try:
+            record(engine_case(tiny, work, device, zero, prec, off, 4, (8, 4, 96, 24)))
+        except Exception as e:  # one failing case must not hide the others
+            record(
+                {
+                    "case": f"zero{zero}-{prec}{'-offload' if off else ''}",
+                    "ok": False,
+                    "error": f"{type(e).__name__}: {e}",
+                    "trace": traceback.format_exc()[-2000:],
+                }
+            )
+    for dtype in ["float32"] + (["bfloat16"] if cuda else []):
+        try:
+            record(generation_case(tiny, device, dtype, 64))
+        except Exception as e:
+            record(
+                {
+                    "case": f"hf-generate-{dtype}",
+                    "ok": False,
+                    "error": repr(e),
+                    "trace": traceback.format_exc()[-2000:],
+                }
+            )
+    if "--medium" in sys.argv and cuda:
+        med = medium_model(tiny, work / "medium")
+        for zero, prec in [(0, "bf16"), (3, "bf16")]:
+            try:
+                r = engine_case(med, work, device, zero, prec, False, 3, (32, 4, 512, 128))
+                r["case"] = "medium-" + r["case"]
+                record(r)
+            except Exception as e:
+                record(
+                    {
+                        "case": f"medium-zero{zero}-{prec}",
+                        "ok": False,
+                        "error": repr(e),
+                        "trace": traceback.format_exc()[-2000:],
+                    }
+                )
+        try:
+            r = generation_case(med, device, "bfloat16", 128)
+            r["case"] = "medium-" + r["case"]
+            record(r)
+        except Exception as e:
+            record({"case": "medium-hf-generate", "ok": False, "error": repr(e)})
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
+    bad = [r["case"] for r in results if not r.get("ok")]
+    print("FAILED: " + ", ".join(bad) if bad else "ALL OK", flush=True)
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""A fixed synthetic rollout batch (random prompts and replies, GRPO-style groups) for update
+tests that need no environment: the data-parallel worker, the micro-batching test, the GPU check.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from factor_cli.credit import PackedBatch
+from factor_cli.policy.generation import score_replies
+from factor_cli.rollout.packing import RolloutBatch
+
+
+def synthetic_batch(
+    model: torch.nn.Module,
+    n_traj: int = 4,
+    per: int = 2,
+    prompt_len: int = 10,
+    reply_len: int = 6,
+    seed: int = 1,
+) -> RolloutBatch:
+    """``n_traj`` trajectories of ``per`` actions each, in groups of two with outcomes 1, 0, ...;
+    each reply's first and last two tokens are non-action tokens; behaviour log-probs are the
+    model's own minus 0.05, so the first update is off-policy by a known margin."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = int(model.config.vocab_size)  # type: ignore[union-attr]
+    n = n_traj * per
+    prompts = [torch.randint(5, vocab, (prompt_len,), generator=g).tolist() for _ in range(n)]
+    replies = [torch.randint(5, vocab, (reply_len,), generator=g).tolist() for _ in range(n)]
+    masks = [[1 <= j < reply_len - 2 for j in range(reply_len)] for _ in replies]
+    n_act_tok = sum(masks[0])
+    sc = score_replies(model, prompts, replies, 1.0, 0)
+    act = [lp.float().cpu()[torch.tensor(m)] for lp, m in zip(sc.logprobs, masks)]
+    na = [lp.float().cpu()[~torch.tensor(m)] for lp, m in zip(sc.logprobs, masks)]
+    traj = torch.repeat_interleave(torch.arange(n_traj), per)
+    batch = PackedBatch(
+        action_index=torch.repeat_interleave(torch.arange(n), n_act_tok),
+        logp_old=torch.cat(act) - 0.05,
+        traj_index=traj,
+        group_index=torch.arange(n_traj) // 2,
+        outcome=(torch.arange(n_traj) % 2 == 0).double(),
+    ).validate()
+    return RolloutBatch(
+        batch,
+        prompts,
+        replies,
+        masks,
+        torch.cat(na) - 0.05,
+        torch.repeat_interleave(traj, reply_len - n_act_tok),
+        [""] * n,
+        [(i // per, i % per) for i in range(n)],
+    )
