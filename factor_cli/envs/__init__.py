@@ -15,6 +15,16 @@ from .base import (
 from .registry import ENVIRONMENTS, availability, make_env
 
 __all__ = [
-    "ENVIRONMENTS", "EnvCrashed", "EnvError", "EnvSpec", "EnvUnavailable", "Environment", "Outcome",
-    "RestoreMismatch", "Step", "UnknownInstance", "availability", "make_env",
+    "ENVIRONMENTS",
+    "EnvCrashed",
+    "EnvError",
+    "EnvSpec",
+    "EnvUnavailable",
+    "Environment",
+    "Outcome",
+    "RestoreMismatch",
+    "Step",
+    "UnknownInstance",
+    "availability",
+    "make_env",
 ]

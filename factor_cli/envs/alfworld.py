@@ -42,8 +42,9 @@ TASK_TYPES = (
 )
 """The six ALFWorld task types, in ALFWorld's own order (its TASK_TYPES 1-6): the categories."""
 
-INSTALL = ("`pip install 'factor-cli[alfworld]'` (or `pip install alfworld==0.4.2`; it "
-           "compiles, ~2 min)")
+INSTALL = (
+    "`pip install 'factor-cli[alfworld]'` (or `pip install alfworld==0.4.2`; it compiles, ~2 min)"
+)
 GAME_FILE = "game.tw-pddl"
 TRAJ_FILE = "traj_data.json"
 PROBLEM_FILE = "initial_state.pddl"
@@ -154,8 +155,10 @@ def task_type_of(game: Path) -> str:
     """The task type recorded in a game's traj_data.json (one of :data:`TASK_TYPES`)."""
     task_type = json.loads((game / TRAJ_FILE).read_text()).get("task_type")
     if task_type not in TASK_TYPES:
-        raise EnvError(f"alfworld: {game / TRAJ_FILE} has task_type {task_type!r}, not one of "
-                       f"{', '.join(TASK_TYPES)}")
+        raise EnvError(
+            f"alfworld: {game / TRAJ_FILE} has task_type {task_type!r}, not one of "
+            f"{', '.join(TASK_TYPES)}"
+        )
     return str(task_type)
 
 
@@ -231,8 +234,10 @@ class AlfWorldEnv(Environment):
             try:
                 self._engine.load(str(game / GAME_FILE))
             except Exception as err:  # bad JSON, PDDL the planner rejects, a broken grammar
-                raise EnvError(f"alfworld: the engine cannot load {game / GAME_FILE}: "
-                               f"{type(err).__name__}: {err}") from err
+                raise EnvError(
+                    f"alfworld: the engine cannot load {game / GAME_FILE}: "
+                    f"{type(err).__name__}: {err}"
+                ) from err
             self._loaded = game
         return self._engine
 
@@ -247,8 +252,11 @@ class AlfWorldEnv(Environment):
         obs = str(self._state.feedback)
         won = bool(self._state["won"])
         return Step(
-            observation=obs, reward=1.0 if won else 0.0, done=bool(done) or won,
-            valid=obs.strip() != INVALID_REPLY, score=1.0 if won else 0.0,
+            observation=obs,
+            reward=1.0 if won else 0.0,
+            done=bool(done) or won,
+            valid=obs.strip() != INVALID_REPLY,
+            score=1.0 if won else 0.0,
             info={"success": won},
         )
 
@@ -285,8 +293,9 @@ class AlfWorldEnv(Environment):
             random.setstate(saved)
             engine.close()
         if not state["won"]:
-            raise EnvError(f"alfworld: the handcoded expert did not win {game} in {max_steps} "
-                           "steps")
+            raise EnvError(
+                f"alfworld: the handcoded expert did not win {game} in {max_steps} steps"
+            )
         return plan
 
     def category(self, instance_id: str) -> str:

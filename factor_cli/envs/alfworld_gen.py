@@ -65,8 +65,12 @@ GENERATOR_VERSION = 1
 MAX_PER_TYPE = 4
 """At most this many receptacles of one type (kitchens have up to 13 cabinets): shorter intros."""
 
-ROOMS = {"Kitchen": range(1, 31), "LivingRoom": range(201, 231), "Bedroom": range(301, 331),
-         "Bathroom": range(401, 431)}
+ROOMS = {
+    "Kitchen": range(1, 31),
+    "LivingRoom": range(201, 231),
+    "Bedroom": range(301, 331),
+    "Bathroom": range(401, 431),
+}
 ROOMS_FOR_TASK = {
     # ALFRED's GOALS_VALID (alfworld.gen.constants).
     "pick_and_place_simple": ("Kitchen", "LivingRoom", "Bathroom", "Bedroom"),
@@ -161,7 +165,8 @@ def scene(number: int) -> Scene:
     holdable = {o for r in recs for o in t.holds[r]}
     room = next(r for r, numbers in ROOMS.items() if number in numbers)
     return Scene(
-        number=number, room=room,
+        number=number,
+        room=room,
         receptacles={r: min(max(counts.get(r, 1), 1), MAX_PER_TYPE) for r in sorted(recs)},
         objects=tuple(sorted({n for n in names if n in holdable and not n.endswith("Sliced")})),
         lamps=tuple(sorted(n for n in names if n in LAMPS)),
@@ -202,8 +207,10 @@ class Layout:
     def new_location(self, rng: random.Random) -> str:
         """A fresh ALFRED-style location 'loc|x|z|rotation|horizon'."""
         while True:
-            loc = (f"loc|{rng.randint(-12, 12)}|{rng.randint(-12, 12)}|{rng.randint(0, 3)}|"
-                   f"{rng.choice((0, 15, 30, 45, 60))}")
+            loc = (
+                f"loc|{rng.randint(-12, 12)}|{rng.randint(-12, 12)}|{rng.randint(0, 3)}|"
+                f"{rng.choice((0, 15, 30, 45, 60))}"
+            )
             if loc not in self._taken:
                 self._taken.add(loc)
                 return loc
@@ -237,8 +244,9 @@ def _holders(sc: Scene, obj: str, exclude: tuple[str, ...] = ()) -> list[str]:
     return [r for r in sc.receptacles if obj in t.holds[r] and r not in exclude]
 
 
-def _sample_targets(task_type: str, sc: Scene,
-                    rng: random.Random) -> tuple[str, str | None, str | None] | None:
+def _sample_targets(
+    task_type: str, sc: Scene, rng: random.Random
+) -> tuple[str, str | None, str | None] | None:
     """(target object type, goal receptacle type, lamp type), or None if the scene has none."""
     t = tables()
     objs = list(sc.objects)
@@ -251,8 +259,12 @@ def _sample_targets(task_type: str, sc: Scene,
     tool = TOOL_FOR_TASK.get(task_type, ("",))[0]
     excluded = (tool, "BathtubBasin") if tool == "SinkBasin" else (tool,)  # no basin as the goal
     # The goal type must hold the target, and the target must fit somewhere else to start.
-    pairs = [(o, p) for o in objs for p in _holders(sc, o, excluded)
-             if [r for r in _holders(sc, o) if r != p]]
+    pairs = [
+        (o, p)
+        for o in objs
+        for p in _holders(sc, o, excluded)
+        if [r for r in _holders(sc, o) if r != p]
+    ]
     if not pairs:
         return None
     obj, parent = rng.choice(pairs)
@@ -285,22 +297,35 @@ def _furnish(lay: Layout, rng: random.Random) -> Layout:
         lamp_host = lay.inside[lamp]
     two = lay.task_type == "pick_two_obj_and_place"
     for _ in range(rng.randint(2, 3) if two else rng.randint(1, 2)):
-        lay.place(lay.target, [r for r in _holders(sc, lay.target) if r != lay.parent], rng,
-                  avoid=lamp_host)
+        lay.place(
+            lay.target,
+            [r for r in _holders(sc, lay.target) if r != lay.parent],
+            rng,
+            avoid=lamp_host,
+        )
     others = [o for o in sc.objects if o != lay.target]
     for _ in range(rng.randint(6, 12)):
         obj = rng.choice(others)
         lay.place(obj, _holders(sc, obj), rng)
     template = rng.choice(tables().templates[lay.task_type])
-    lay.goal_desc = template.format(obj=lay.target.lower(), recep=(lay.parent or "").lower(),
-                                    toggle=(lay.toggle or "").lower(), mrecep="")
+    lay.goal_desc = template.format(
+        obj=lay.target.lower(),
+        recep=(lay.parent or "").lower(),
+        toggle=(lay.toggle or "").lower(),
+        mrecep="",
+    )
     return lay
 
 
 def mangle(name: str) -> str:
     """ALFRED's PDDL-safe form of an id (``PlannedGameState.fix_pddl_str_chars``)."""
-    for old, new in (("-", "_minus_"), ("|", "_bar_"), ("+", "_plus_"), (".", "_dot_"),
-                     (",", "_comma_")):
+    for old, new in (
+        ("-", "_minus_"),
+        ("|", "_bar_"),
+        ("+", "_plus_"),
+        (".", "_dot_"),
+        (",", "_comma_"),
+    ):
         name = name.replace(old, new)
     return name
 
@@ -318,32 +343,51 @@ def problem_pddl(lay: Layout, problem_id: str) -> str:
     objects += [f"{m(loc)} - location" for loc in sorted({lay.start, *lay.location.values()})]
     init = [f"(atLocation agent1 {m(lay.start)})"]
     for rid, kind in sorted(lay.receptacles.items()):
-        init += [f"(receptacleType {m(rid)} {kind}Type)",
-                 f"(receptacleAtLocation {m(rid)} {m(lay.location[rid])})"]
+        init += [
+            f"(receptacleType {m(rid)} {kind}Type)",
+            f"(receptacleAtLocation {m(rid)} {m(lay.location[rid])})",
+        ]
         if kind in t.openable:
             init.append(f"(openable {m(rid)})")
     for oid, kind in sorted(lay.objects.items()):
         rid = lay.inside[oid]
-        init += [f"(objectType {m(oid)} {kind}Type)", f"(inReceptacle {m(oid)} {m(rid)})",
-                 f"(objectAtLocation {m(oid)} {m(lay.location[rid])})"]
+        init += [
+            f"(objectType {m(oid)} {kind}Type)",
+            f"(inReceptacle {m(oid)} {m(rid)})",
+            f"(objectAtLocation {m(oid)} {m(lay.location[rid])})",
+        ]
         if kind in LAMPS:
             init.append(f"(toggleable {m(oid)})")
             continue
         init.append(f"(pickupable {m(oid)})")
         if kind in t.movable:
             init.append(f"(isReceptacleObject {m(oid)})")
-        for affordance, pred in (("Cleanable", "cleanable"), ("Heatable", "heatable"),
-                                 ("Coolable", "coolable"), ("Sliceable", "sliceable")):
+        for affordance, pred in (
+            ("Cleanable", "cleanable"),
+            ("Heatable", "heatable"),
+            ("Coolable", "coolable"),
+            ("Sliceable", "sliceable"),
+        ):
             if kind in t.affords[affordance]:
                 init.append(f"({pred} {m(oid)})")
-    init += [f"(canContain {r}Type {o}Type)"
-             for r in rtypes for o in otypes if o in t.holds.get(r, ())]
-    goal = t.goals[lay.task_type].replace("#", "-").format(
-        obj=lay.target, recep=lay.parent or "", toggle=lay.toggle or "", mrecep="")
+    init += [
+        f"(canContain {r}Type {o}Type)" for r in rtypes for o in otypes if o in t.holds.get(r, ())
+    ]
+    goal = (
+        t.goals[lay.task_type]
+        .replace("#", "-")
+        .format(obj=lay.target, recep=lay.parent or "", toggle=lay.toggle or "", mrecep="")
+    )
     # The goal library's text closes the (define ...) form itself.
-    return (f"(define (problem {problem_id})\n    (:domain alfred)\n    (:objects\n        "
-            + "\n        ".join(objects) + "\n    )\n    (:init\n        "
-            + "\n        ".join(init) + "\n    )\n" + goal.rstrip() + "\n")
+    return (
+        f"(define (problem {problem_id})\n    (:domain alfred)\n    (:objects\n        "
+        + "\n        ".join(objects)
+        + "\n    )\n    (:init\n        "
+        + "\n        ".join(init)
+        + "\n    )\n"
+        + goal.rstrip()
+        + "\n"
+    )
 
 
 def expert_plan(lay: Layout, names: dict[str, str]) -> list[str]:
@@ -393,8 +437,9 @@ def _play(engine: Any, plan: list[str], where: str) -> None:
         if state["won"]:
             raise EnvError(f"alfworld_gen: {where} is won before command {k} ({command!r})")
         if command not in state["admissible_commands"]:
-            raise EnvError(f"alfworld_gen: {where}: expert command {k} {command!r} is not "
-                           "admissible")
+            raise EnvError(
+                f"alfworld_gen: {where}: expert command {k} {command!r} is not admissible"
+            )
         state, _, _ = engine.step(command)
     if not state["won"]:
         raise EnvError(f"alfworld_gen: {where}: the expert plan does not win")
@@ -432,18 +477,24 @@ def generate(out_dir: Path, per_category: int, seed: int, split: str) -> list[Pa
         raise ValueError(f"alfworld_gen per_category must be >= 1, got {per_category}")
     out_dir = Path(out_dir)
     if data_kind(out_dir) == "official":
-        raise EnvError(f"alfworld_gen: {out_dir} holds the official json_2.1.1 data; write the "
-                       "generated set to another folder")
+        raise EnvError(
+            f"alfworld_gen: {out_dir} holds the official json_2.1.1 data; write the "
+            "generated set to another folder"
+        )
     marker = out_dir / GENERATED_MARKER
     record = json.loads(marker.read_text()) if marker.is_file() else {}
     params = {"seed": seed, "per_category": per_category, "version": GENERATOR_VERSION}
     old, folder = record.get(split), out_dir / GENERATED_FOLDS[split]
     if old is not None and {k: old.get(k) for k in params} != params:
-        raise EnvError(f"alfworld_gen: {folder} was generated with {old}; refusing to mix it "
-                       f"with {params}: write to a new folder or delete {folder}")
+        raise EnvError(
+            f"alfworld_gen: {folder} was generated with {old}; refusing to mix it "
+            f"with {params}: write to a new folder or delete {folder}"
+        )
     if old is None and folder.is_dir() and any(folder.iterdir()):
-        raise EnvError(f"alfworld_gen: {folder} holds files that {marker} does not record; "
-                       f"write to a new folder or delete {folder}")
+        raise EnvError(
+            f"alfworld_gen: {folder} holds files that {marker} does not record; "
+            f"write to a new folder or delete {folder}"
+        )
     record[split] = {**params, "games": None}  # None until every game is written
     out_dir.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
@@ -455,8 +506,9 @@ def generate(out_dir: Path, per_category: int, seed: int, split: str) -> list[Pa
     try:
         for task_type in TASK_TYPES:
             for k in range(per_category):
-                written.append(_write_game(out_dir, split, seed, task_type, k, scenes,
-                                           domain, grammar, engine))
+                written.append(
+                    _write_game(out_dir, split, seed, task_type, k, scenes, domain, grammar, engine)
+                )
     finally:
         engine.close()
     record[split]["games"] = len(written)
@@ -464,16 +516,32 @@ def generate(out_dir: Path, per_category: int, seed: int, split: str) -> list[Pa
     return written
 
 
-def _write_game(out_dir: Path, split: str, seed: int, task_type: str, k: int,
-                scenes: tuple[int, ...], domain: str, grammar: str, engine: Any) -> Path:
+def _write_game(
+    out_dir: Path,
+    split: str,
+    seed: int,
+    task_type: str,
+    k: int,
+    scenes: tuple[int, ...],
+    domain: str,
+    grammar: str,
+    engine: Any,
+) -> Path:
     rng = random.Random(f"{seed}/{split}/{task_type}/{k}")
     lay = sample_layout(task_type, scenes, rng)
     trial = f"trial_s{seed}_{k:04d}"
-    folder = (out_dir / split / f"{task_type}-{lay.target}-None-{lay.parent or lay.toggle}-"
-              f"{lay.scene.number}" / trial)
+    folder = (
+        out_dir / split / f"{task_type}-{lay.target}-None-{lay.parent or lay.toggle}-"
+        f"{lay.scene.number}" / trial
+    )
     problem = problem_pddl(lay, f"{split}_{task_type}_{seed}_{k}")
-    game = {"pddl_domain": domain, "grammar": grammar.replace("UNKNOWN GOAL", lay.goal_desc),
-            "pddl_problem": problem, "solvable": False, "walkthrough": None}
+    game = {
+        "pddl_domain": domain,
+        "grammar": grammar.replace("UNKNOWN GOAL", lay.goal_desc),
+        "pddl_problem": problem,
+        "solvable": False,
+        "walkthrough": None,
+    }
     engine.load(game)
     names = {info.id: info.name for info in engine._entity_infos.values()}
     plan = expert_plan(lay, names)
@@ -482,15 +550,27 @@ def _write_game(out_dir: Path, split: str, seed: int, task_type: str, k: int,
     traj = {
         "task_type": task_type,
         "task_id": f"{split}/{task_type}/{seed}/{k}",
-        "pddl_params": {"object_target": lay.target, "parent_target": lay.parent or "",
-                        "toggle_target": lay.toggle or "", "mrecep_target": "",
-                        "object_sliced": False},
+        "pddl_params": {
+            "object_target": lay.target,
+            "parent_target": lay.parent or "",
+            "toggle_target": lay.toggle or "",
+            "mrecep_target": "",
+            "object_sliced": False,
+        },
         "goal_desc": lay.goal_desc,
         "expert_plan": plan,
-        "scene": {"floor_plan": f"FloorPlan{lay.scene.number}", "scene_num": lay.scene.number,
-                  "room_type": lay.scene.room},
-        "generator": {"module": __name__, "version": GENERATOR_VERSION, "seed": seed,
-                      "split": split, "index": k},
+        "scene": {
+            "floor_plan": f"FloorPlan{lay.scene.number}",
+            "scene_num": lay.scene.number,
+            "room_type": lay.scene.room,
+        },
+        "generator": {
+            "module": __name__,
+            "version": GENERATOR_VERSION,
+            "seed": seed,
+            "split": split,
+            "index": k,
+        },
     }
     folder.mkdir(parents=True, exist_ok=True)
     (folder / PROBLEM_FILE).write_text(problem)
@@ -536,8 +616,9 @@ def split_rows(data_root: Path, seed: int) -> list[dict]:
             _check_fold(data_root, split, record.get(split) or {}, seed, len(ids))
         for instance_id in ids:
             category = task_type_of(data_root / instance_id)
-            rows.append({"instance_id": instance_id, "split": split, "category": category,
-                         "episode": 0})
+            rows.append(
+                {"instance_id": instance_id, "split": split, "category": category, "episode": 0}
+            )
     ids = [r["instance_id"] for r in rows]
     if len(set(ids)) != len(ids):
         raise EnvError(f"alfworld: a game of {data_root} is in both folds")
@@ -549,10 +630,14 @@ def _check_fold(root: Path, split: str, record: dict, seed: int, n_games: int) -
     fix = f"regenerate it: `factor envs alfworld-generate --out {root} --seed {seed}`"
     got = record.get("seed")
     if got != seed:
-        raise EnvError(f"alfworld: the {split} fold of {root} was generated with seed {got}, not "
-                       f"{seed}; use --seed {got} or {fix}")
+        raise EnvError(
+            f"alfworld: the {split} fold of {root} was generated with seed {got}, not "
+            f"{seed}; use --seed {got} or {fix}"
+        )
     if record.get("games") is None:
         raise EnvError(f"alfworld: generating the {split} fold of {root} did not finish; {fix}")
     if record["games"] != n_games:
-        raise EnvError(f"alfworld: the {split} fold of {root} has {n_games} playable games, its "
-                       f"generation wrote {record['games']}; {fix}")
+        raise EnvError(
+            f"alfworld: the {split} fold of {root} has {n_games} playable games, its "
+            f"generation wrote {record['games']}; {fix}"
+        )

@@ -122,8 +122,9 @@ class Tokenizer(Protocol):
 _TOKEN = re.compile(r"\S+")
 
 
-def truncate_tokens(text: str, max_tokens: int = FEEDBACK_TOKENS,
-                    tokenizer: Tokenizer | None = None) -> str:
+def truncate_tokens(
+    text: str, max_tokens: int = FEEDBACK_TOKENS, tokenizer: Tokenizer | None = None
+) -> str:
     """The first ``max_tokens`` tokens of ``text``; ``text`` itself when it is not longer.
 
     Without a tokenizer a token is a maximal run of non-whitespace characters, and the text is cut
@@ -147,8 +148,23 @@ class _VisibleText(HTMLParser):
     """Text nodes of a page with the tag that holds each (BeautifulSoup's findAll(text=True))."""
 
     SPACES = " \n\t\x0c\r"
-    VOID = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta",
-                      "source", "track", "wbr"})
+    VOID = frozenset(
+        {
+            "area",
+            "base",
+            "br",
+            "col",
+            "embed",
+            "hr",
+            "img",
+            "input",
+            "link",
+            "meta",
+            "source",
+            "track",
+            "wbr",
+        }
+    )
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
@@ -181,8 +197,9 @@ def page_text(html: str) -> str:
     parser = _VisibleText()
     parser.feed(html)
     parser.close()
-    return " [SEP] ".join(t.strip() for parent, t in parser.texts
-                          if parent not in _HIDDEN and t != "\n")
+    return " [SEP] ".join(
+        t.strip() for parent, t in parser.texts if parent not in _HIDDEN and t != "\n"
+    )
 
 
 def goal_split(index: int) -> str:
@@ -220,14 +237,21 @@ def missing_setup() -> str | None:
     if root is None:
         return SETUP
     if not any((root / "data").glob("items_shuffle*.json")):
-        return (f"WebShop at {root} has no product data (data/items_shuffle*.json): run its "
-                "`./setup.sh -d small` (needs internet)")
+        return (
+            f"WebShop at {root} has no product data (data/items_shuffle*.json): run its "
+            "`./setup.sh -d small` (needs internet)"
+        )
     if not any((root / "search_engine").glob("indexes*")):
-        return (f"WebShop at {root} has no search index (search_engine/indexes*): run its "
-                "`./setup.sh` (builds it with pyserini; needs Java 11+)")
+        return (
+            f"WebShop at {root} has no search index (search_engine/indexes*): run its "
+            "`./setup.sh` (builds it with pyserini; needs Java 11+)"
+        )
     missing_java = java_missing()
-    return f"WebShop's search engine (pyserini) needs Java 11+: {missing_java}" if missing_java \
+    return (
+        f"WebShop's search engine (pyserini) needs Java 11+: {missing_java}"
+        if missing_java
         else None
+    )
 
 
 @register("webshop")
@@ -242,9 +266,15 @@ class WebShopEnv(Environment):
         instance_format="{goal index}",
     )
 
-    def __init__(self, max_turns: int | None = None, tokenizer: Tokenizer | None = None,
-                 max_feedback_tokens: int = FEEDBACK_TOKENS, num_products: int | None = None,
-                 human_goals: bool = True, file_path: str | None = None) -> None:
+    def __init__(
+        self,
+        max_turns: int | None = None,
+        tokenizer: Tokenizer | None = None,
+        max_feedback_tokens: int = FEEDBACK_TOKENS,
+        num_products: int | None = None,
+        human_goals: bool = True,
+        file_path: str | None = None,
+    ) -> None:
         """``tokenizer``: truncate feedback with it (default: whitespace tokens);
         ``num_products``, ``human_goals``, ``file_path``: passed to WebAgentTextEnv (None: its
         defaults; human-written goals as in the paper)."""
@@ -271,8 +301,9 @@ class WebShopEnv(Environment):
         return missing_setup()
 
     def _feedback(self) -> str:
-        return truncate_tokens(page_text(self._env.state["html"]), self.max_feedback_tokens,
-                               self.tokenizer)
+        return truncate_tokens(
+            page_text(self._env.state["html"]), self.max_feedback_tokens, self.tokenizer
+        )
 
     def _goal(self, instance_id: str) -> dict[str, Any]:
         index = parse_instance(instance_id)
@@ -291,13 +322,24 @@ class WebShopEnv(Environment):
         available = self._env.get_available_actions()
         checked = check_action(action, available["has_search_bar"], available["clickables"])
         if not checked.valid:
-            return Step(observation=self._feedback(), reward=0.0, done=False, valid=False,
-                        score=100 * self._reward, info={"success": False,
-                                                        "invalid_reason": checked.reason})
+            return Step(
+                observation=self._feedback(),
+                reward=0.0,
+                done=False,
+                valid=False,
+                score=100 * self._reward,
+                info={"success": False, "invalid_reason": checked.reason},
+            )
         _, reward, done, _ = self._env.step(checked.command)
         self._reward = float(reward) if done else 0.0
-        return Step(observation=self._feedback(), reward=self._reward, done=bool(done), valid=True,
-                    score=100 * self._reward, info={"success": bool(done) and self._reward >= 1.0})
+        return Step(
+            observation=self._feedback(),
+            reward=self._reward,
+            done=bool(done),
+            valid=True,
+            score=100 * self._reward,
+            info={"success": bool(done) and self._reward >= 1.0},
+        )
 
     def _outcome_value(self) -> float:
         return penalized_score(self._reward, self.invalid_actions)
@@ -318,10 +360,20 @@ class WebShopEnv(Environment):
 
     def canonical_description(self, instance_id: str) -> str:
         goal = self._goal(instance_id)
-        keys = ("asin", "category", "query", "instruction_text", "attributes", "goal_options",
-                "price_upper")
-        return json.dumps({"index": parse_instance(instance_id),
-                           **{k: goal.get(k) for k in keys}}, sort_keys=True, default=str)
+        keys = (
+            "asin",
+            "category",
+            "query",
+            "instruction_text",
+            "attributes",
+            "goal_options",
+            "price_upper",
+        )
+        return json.dumps(
+            {"index": parse_instance(instance_id), **{k: goal.get(k) for k in keys}},
+            sort_keys=True,
+            default=str,
+        )
 
     def close(self) -> None:
         env, self._env = getattr(self, "_env", None), None

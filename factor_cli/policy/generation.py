@@ -51,8 +51,9 @@ def truncate_middle(ids: list[int], budget: int) -> tuple[list[int], bool]:
     return ids[:head] + ids[len(ids) - (budget - head) :], True
 
 
-def encode_prompts(tokenizer: object, prompts: Sequence[str], max_context: int,
-                   max_new_tokens: int) -> list[tuple[list[int], bool]]:
+def encode_prompts(
+    tokenizer: object, prompts: Sequence[str], max_context: int, max_new_tokens: int
+) -> list[tuple[list[int], bool]]:
     """(token ids, truncated?) of each prompt, middle-out truncated to the prompt budget
     ``max_context - max_new_tokens``; shared by every backend so they see the same context."""
     budget = max_context - max_new_tokens
@@ -119,16 +120,30 @@ class HFGenerator:
         temperature: float = 1.0,
         greedy: bool = False,
         seed: int | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> list[Generation]:
-        """Sample (or greedily decode) one reply per prompt."""
+        """Sample (or greedily decode) one reply per prompt.
+
+        ``seeds[i]`` gives reply i its own random stream (:class:`RowSeededSampler`), so what it
+        draws does not depend on the rest of the batch: the same episode samples the same reply
+        whether it runs alone, in a larger batch, or on another data-parallel rank. Without
+        ``seeds``, ``seed`` seeds torch's global generator for the whole batch.
+        """
         if not greedy and not temperature > 0:
             raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"seeds has {len(seeds)} entries for {len(prompts)} prompts")
         if seed is not None:
             torch.manual_seed(seed)
         encoded = self.encode(prompts)
         out: list[Generation] = []
         for lo in range(0, len(encoded), self.batch_size):
-            out += self._generate_batch(encoded[lo : lo + self.batch_size], temperature, greedy)
+            out += self._generate_batch(
+                encoded[lo : lo + self.batch_size],
+                temperature,
+                greedy,
+                None if seeds is None else seeds[lo : lo + self.batch_size],
+            )
         return out
 
     def _shared_prefix_cache(
@@ -150,7 +165,11 @@ class HFGenerator:
         return cache
 
     def _generate_batch(
-        self, encoded: list[tuple[list[int], bool]], temperature: float, greedy: bool
+        self,
+        encoded: list[tuple[list[int], bool]],
+        temperature: float,
+        greedy: bool,
+        seeds: Sequence[int] | None = None,
     ) -> list[Generation]:
         prompts = [e[0] for e in encoded]
         distinct: dict[tuple[int, ...], int] = {}
@@ -166,6 +185,15 @@ class HFGenerator:
                 top_p=1.0,
             )
         )
+        if seeds is not None and not greedy:
+            from transformers import LogitsProcessorList
+
+            # The sampler draws the token itself (temperature included); HF's own draw then
+            # has a single candidate, so its global-RNG multinomial changes nothing.
+            kwargs["temperature"] = 1.0
+            kwargs["logits_processor"] = LogitsProcessorList(
+                [RowSeededSampler(seeds, float(temperature), device)]
+            )
         if len(distinct) < len(prompts) and min(len(p) for p in prompts) > 1:
             uniq_ids, uniq_mask = _left_pad([list(p) for p in distinct], self.pad_id)
             uniq_ids, uniq_mask = uniq_ids.to(device), uniq_mask.to(device)
@@ -209,6 +237,37 @@ class HFGenerator:
                 )
             )
         return gens
+
+
+class RowSeededSampler:
+    """Samples row i of a batch from softmax(z_i / T) with row i's own random stream.
+
+    Gumbel-max: y_i = argmax_v (z_iv / T + g_iv), g_iv = -log(-log u_iv), u_iv ~ U(0, 1) drawn
+    from a generator seeded with ``seeds[i]``; y_i is then exactly a draw from softmax(z_i / T).
+    Each call consumes one vocabulary-sized draw per row, so row i's k-th token depends only on
+    (seeds[i], k) and its logits. Used as a Hugging Face logits processor, it returns logits that
+    allow only y_i (0 there, -inf elsewhere); ``output_logits`` still reports the raw logits.
+    """
+
+    def __init__(self, seeds: Sequence[int], temperature: float, device: torch.device) -> None:
+        self.temperature = temperature
+        self.generators = [
+            torch.Generator(device=device).manual_seed(int(s) % 2**63) for s in seeds
+        ]
+
+    def draw(self, scores: torch.Tensor) -> torch.Tensor:
+        """The sampled token id of each row, [B]."""
+        vocab = scores.shape[-1]
+        u = torch.stack(
+            [torch.rand(vocab, generator=g, device=scores.device) for g in self.generators]
+        )
+        gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
+        return (scores.float() / self.temperature + gumbel).argmax(-1)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        pick = self.draw(scores)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(1, pick[:, None], 0.0)
 
 
 @dataclass

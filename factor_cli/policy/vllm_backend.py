@@ -277,8 +277,10 @@ class VLLMGenerator:
         temperature: float = 1.0,
         greedy: bool = False,
         seed: int | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> list[Generation]:
-        """Sample (or greedily decode) one reply per prompt; with ``seed``, request i uses
+        """Sample (or greedily decode) one reply per prompt. ``seeds[i]`` seeds request i (its
+        draws then depend on nothing else in the batch); else, with ``seed``, request i uses
         ``seed + i``, so repeated prompts (a group) still draw different replies."""
         if not greedy and not temperature > 0:
             raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
@@ -293,7 +295,7 @@ class VLLMGenerator:
                 top_p=1.0,
                 max_tokens=self.max_new_tokens,
                 logprobs=0,  # the sampled token's log-prob only
-                seed=None if seed is None else seed + i,
+                seed=_request_seed(seeds, seed, i),
                 stop_token_ids=list(self.stop_ids),
                 detokenize=False,  # decoded here, as the HF backend does
             )
@@ -356,3 +358,9 @@ class VLLMGenerator:
     def rescore(self, generations: Sequence[Generation], temperature: float = 1.0) -> float:
         """max |log-prob in ``generations`` - trainer re-score| over all reply tokens."""
         return self.rescored(generations, temperature)[1]
+
+
+def _request_seed(seeds: Sequence[int] | None, seed: int | None, i: int) -> int | None:
+    if seeds is not None:
+        return int(seeds[i]) % 2**63
+    return None if seed is None else seed + i

@@ -11,8 +11,10 @@ come from the root episode and also feed the prompt's history window.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from factor_cli.envs.base import EnvError, Outcome
 from factor_cli.envs.pool import EnvPool
@@ -82,11 +84,36 @@ class Episode:
         return [(a, self.observations[k + 1]) for k, a in enumerate(acts)]
 
 
+def reply_seed(seed: int, episode: int, turn: int) -> int:
+    """The sampling seed of one reply: a hash of (run seed, episode index, turn)."""
+    digest = hashlib.blake2b(f"{seed}:{episode}:{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class Shard(Protocol):
+    """This process's place among data-parallel ranks, and a way to share Python objects."""
+
+    rank: int
+    world: int
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """``obj`` of every rank, in rank order (a collective: every rank must call it)."""
+        ...
+
+
 class RolloutRunner:
     """Runs episodes on a pool of environments with one batched generate per turn."""
 
-    def __init__(self, pool: EnvPool, generator: object, fmt: PromptFormat, max_turns: int) -> None:
+    def __init__(
+        self,
+        pool: EnvPool,
+        generator: object,
+        fmt: PromptFormat,
+        max_turns: int,
+        shard: Shard | None = None,
+    ) -> None:
         self.pool, self.generator, self.fmt, self.max_turns = pool, generator, fmt, max_turns
+        self.shard = shard
         self.tokenizer = generator.tokenizer  # type: ignore[attr-defined]
         self.env_steps = 0
         self.replay_steps = 0
@@ -102,20 +129,65 @@ class RolloutRunner:
     ) -> list[Episode]:
         """Play every start to the end, in waves of at most ``len(pool)`` concurrent episodes.
 
-        ``seed`` fixes the sampling (each turn of each wave draws from seed-derived RNG state).
+        ``seed`` fixes the sampling: turn t of the episode at index i samples from its own stream,
+        seeded by (seed, i, t) (:func:`reply_seed`), so an episode's replies do not depend on the
+        pool width, the waves, or the other episodes in a batch. With a ``shard`` (data-parallel
+        ranks) each rank plays one contiguous block of the starts and every rank gets all the
+        episodes back, in order, exactly as one process playing them all would produce them.
         ``on_turn(finished, total)`` is called after every turn for progress display.
         """
+        if self.shard is not None and self.shard.world > 1:
+            return self._run_sharded(starts, temperature, greedy, seed, on_turn)
+        return self._run_local(starts, range(len(starts)), temperature, greedy, seed, on_turn)
+
+    def _run_local(
+        self,
+        starts: Sequence[Start],
+        keys: Sequence[int],
+        temperature: float,
+        greedy: bool,
+        seed: int,
+        on_turn: Callable[[int, int], None] | None,
+    ) -> list[Episode]:
         episodes = [Episode(start=s) for s in starts]
+        keys = list(keys)
         width = len(self.pool)
-        for wave, lo in enumerate(range(0, len(episodes), width)):
+        for lo in range(0, len(episodes), width):
             self._run_wave(
                 episodes[lo : lo + width],
+                keys[lo : lo + width],
                 temperature,
                 greedy,
-                seed * 1_000_003 + wave * 7919,
+                seed,
                 lambda k, lo=lo: on_turn(lo + k, len(episodes)) if on_turn else None,
             )
         return episodes
+
+    def _run_sharded(
+        self,
+        starts: Sequence[Start],
+        temperature: float,
+        greedy: bool,
+        seed: int,
+        on_turn: Callable[[int, int], None] | None,
+    ) -> list[Episode]:
+        shard = self.shard
+        assert shard is not None
+        chunk = -(-len(starts) // shard.world)
+        lo, hi = min(len(starts), shard.rank * chunk), min(len(starts), (shard.rank + 1) * chunk)
+        counters = (self.env_steps, self.replay_steps, self.generated_tokens)
+        mine = self._run_local(starts[lo:hi], range(lo, hi), temperature, greedy, seed, on_turn)
+        delta = (
+            self.env_steps - counters[0],
+            self.replay_steps - counters[1],
+            self.generated_tokens - counters[2],
+        )
+        parts = shard.all_gather((mine, delta))
+        # Every rank counts the whole job's steps, as one process would have.
+        self.env_steps = counters[0] + sum(d[0] for _, d in parts)
+        self.replay_steps = counters[1] + sum(d[1] for _, d in parts)
+        self.generated_tokens = counters[2] + sum(d[2] for _, d in parts)
+        return [ep for eps, _ in parts for ep in eps]
 
     def _begin(self, slot: int, ep: Episode) -> None:
         s = ep.start
@@ -135,6 +207,7 @@ class RolloutRunner:
     def _run_wave(
         self,
         eps: list[Episode],
+        keys: list[int],
         temperature: float,
         greedy: bool,
         seed: int,
@@ -151,8 +224,9 @@ class RolloutRunner:
                 TurnView(eps[i].task, eps[i].history(), eps[i].observations[-1]) for i in active
             ]
             prompts = [render(self.fmt, v, self.tokenizer) for v in views]
+            seeds = [reply_seed(seed, keys[i], len(eps[i].turns)) for i in active]
             gens = self.generator.generate(  # type: ignore[attr-defined]
-                prompts, temperature=temperature, greedy=greedy, seed=seed + turn
+                prompts, temperature=temperature, greedy=greedy, seeds=seeds
             )
             for i, gen in zip(active, gens):
                 self._advance(i, eps[i], gen)
