@@ -249,6 +249,66 @@ def test_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> None:
         assert results[1][key] == pytest.approx(results[2][key], rel=1e-5, abs=1e-6), key
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@needs_twx
+def test_torchrun_job_equals_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`torchrun --nproc_per_node 2 -m factor_cli train`: rollouts, continuations and eval
+    sharded over 2 CPU ranks give the single-process run's metrics and results; one ledger run."""
+    from mlflow.tracking import MlflowClient
+
+    overrides = [*tiny_overrides(tiny_model_dir, tmp_path, "factor"), "rollout.groups=2"]
+    torchrun = Path(sys.executable).with_name("torchrun")
+    launch = {
+        1: [sys.executable, "-m", "factor_cli"],
+        2: [
+            str(torchrun),
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(_free_port()),
+            "-m",
+            "factor_cli",
+        ],
+    }
+    rows, items = {}, {}
+    for n, prefix in launch.items():
+        out = tmp_path / f"n{n}"
+        args = [*prefix, "train"]
+        for o in overrides:
+            args += ["--set", o.replace(str(tmp_path), str(out))]
+        res = subprocess.run(
+            args,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        assert res.returncode == 0, res.stdout[-1500:] + res.stderr[-3000:]
+        client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+        exps = [e.experiment_id for e in client.search_experiments()]
+        runs = client.search_runs(exps)
+        assert len(runs) == 1 and runs[0].info.status == "FINISHED"  # one run per job
+        assert runs[0].data.tags["world_size"] == str(n)
+        run_dir = out / "runs" / runs[0].info.run_id
+        rows[n] = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        items[n] = (run_dir / "eval_items.csv").read_text()
+    assert [r["step"] for r in rows[2]] == [1, 2]
+    for a, b in zip(rows[1], rows[2]):
+        for key in ("actions", "action_tokens", "root_interactions", "continuation_interactions"):
+            assert a[key] == b[key], key  # the same episodes, played on two ranks
+        for key in ("return_mean", "success_rate", "loss", "loss_action", "value_mse", "kl"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), key
+    assert items[1] == items[2]
+
+
 @needs_twx
 def test_engine_crash_mid_rollout_is_survived(tiny_model_dir: Path, tmp_path: Path) -> None:
     """An engine dying mid-episode is restarted; the episode counts as lost; training goes on."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import typer
@@ -18,6 +19,11 @@ CONFIG_HELP = "Preset name (smoke, paper) or a YAML file."
 SET_HELP = "Override a field, e.g. --set rollout.k=4 --set method=grpo (repeatable)."
 
 
+def _main_rank() -> bool:
+    """False on torchrun's ranks other than 0, which train silently beside it."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def _progress() -> Progress:
     return Progress(
         TextColumn("[bold]{task.description:<14}"),
@@ -25,6 +31,7 @@ def _progress() -> Progress:
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=console,
+        disable=not _main_rank(),
     )
 
 
@@ -67,6 +74,10 @@ def train_cmd(
     The embedded default builds a tiny model if missing, warm-starts it on gold plays, trains a
     few steps on TextWorldExpress, evaluates on the eval split, and logs everything to the ledger
     (MLflow under ./ledger unless MLFLOW_TRACKING_URI or tracking_uri says otherwise).
+
+    Several processes: `torchrun --nproc_per_node N -m factor_cli train ...` shards the
+    rollouts over the N ranks and splits each update among them; rank 0 alone writes the ledger
+    run, checkpoints' metadata and results (one run per job).
     """
     if help_config:
         _reference()
@@ -74,6 +85,7 @@ def train_cmd(
     cfg = _load(config, overrides)
     from factor_cli.train.run import train
 
+    console.quiet = not _main_rank()  # errors still reach stderr (common.fail)
     console.print(
         f"[bold]factor train[/] {cfg.study}/{cfg.method} on {cfg.env.name}, "
         f"{cfg.total_steps} steps, seed {cfg.seed}"

@@ -12,6 +12,7 @@ import os
 import random
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,22 +36,42 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def save(run_dir: Path, step: int, engine: Any, extra: dict[str, Any]) -> Path:
-    """Write checkpoint ``step`` under ``run_dir/checkpoints`` and point ``latest`` at it."""
+def save(
+    run_dir: Path,
+    step: int,
+    engine: Any,
+    extra: dict[str, Any],
+    main: bool = True,
+    barrier: Callable[[], None] = lambda: None,
+) -> Path:
+    """Write checkpoint ``step`` under ``run_dir/checkpoints`` and point ``latest`` at it.
+
+    Data-parallel ranks all call this: each writes its engine shards into the one temporary
+    folder, and the ``main`` rank alone adds the state file and renames it into place.
+    """
     root = run_dir / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
-    tmp = root / f".step-{step:06d}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    tmp = root / f".step-{step:06d}.tmp"  # one name every rank agrees on
+    if main:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():  # left by a run killed mid-write
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    barrier()
     try:
         engine.save(tmp)
-        torch.save({**extra, "step": step, "rng": rng_state()}, tmp / "state.pt")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        barrier()
+        if main:
+            torch.save({**extra, "step": step, "rng": rng_state()}, tmp / "state.pt")
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
     finally:
-        if tmp.exists():
+        if main and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+    barrier()
+    if not main:
+        return final
     pointer = root / f".{LATEST}.tmp-{uuid.uuid4().hex[:8]}"
     pointer.write_text(json.dumps({"step": step, "dir": final.name}))
     os.replace(pointer, root / LATEST)

@@ -8,7 +8,7 @@ import pandas as pd
 
 from factor_cli.envs.pool import EnvPool
 from factor_cli.policy.prompting import PromptFormat
-from factor_cli.rollout.runner import RolloutRunner, Start
+from factor_cli.rollout.runner import RolloutRunner, Shard, Start
 
 from .config import TrainConfig
 from .data import instances
@@ -19,16 +19,19 @@ def evaluate(
     cfg: TrainConfig,
     method: str,
     on_turn: Callable[[int, int], None] | None = None,
+    shard: Shard | None = None,
 ) -> pd.DataFrame:
     """One greedy episode per eval instance; columns env, method, seed, item_id, category,
-    success, score (plus outcome and turns)."""
+    success, score (plus outcome and turns). With a ``shard`` each data-parallel rank plays a
+    block of the instances and every rank returns all the items."""
     items = instances(cfg, "eval")
     if cfg.eval.max_items is not None:
         items = items[: cfg.eval.max_items]
     fmt = PromptFormat(history_turns=cfg.rollout.history_turns)
-    with EnvPool(cfg.env.name, min(len(items), 64), **cfg.env.options) as pool:
+    width = min(-(-len(items) // (shard.world if shard else 1)), 64)
+    with EnvPool(cfg.env.name, width, **cfg.env.options) as pool:
         runner = RolloutRunner(
-            pool, generator, fmt, max_turns=cfg.env.max_turns or pool[0].max_turns
+            pool, generator, fmt, max_turns=cfg.env.max_turns or pool[0].max_turns, shard=shard
         )
         eps = runner.run(
             [Start(i.instance_id) for i in items], greedy=True, seed=cfg.seed, on_turn=on_turn

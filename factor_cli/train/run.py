@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import torch
 
 from factor_cli.atomic import atomic_target
 from factor_cli.ledger import start_run
@@ -22,6 +22,7 @@ from factor_cli.policy.model import load_policy
 
 from . import checkpoint
 from .config import TrainConfig
+from .distributed import Ranks, init_distributed
 from .evaluate import evaluate, metric
 from .sft import gold_examples, sft_output_dir, supervised_finetune
 from .trainer import Trainer, ensure_model
@@ -79,6 +80,19 @@ def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
         fh.flush()
 
 
+class _RankRun:
+    """What a rank other than 0 holds instead of the ledger run: its id, and no writes."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        pass
+
+    def log_items(self, items: pd.DataFrame) -> None:
+        pass
+
+
 def train(
     cfg: TrainConfig,
     progress: Progress,
@@ -86,29 +100,46 @@ def train(
     resume_run_id: str | None = None,
     stop_after: int | None = None,
 ) -> RunSummary:
-    """Train ``cfg`` (or resume a ledger run) to the end; ``stop_after`` ends early (tests)."""
-    model_path = warm_start(cfg, progress, log)
+    """Train ``cfg`` (or resume a ledger run) to the end; ``stop_after`` ends early (tests).
+
+    Under torchrun every rank calls this (see :mod:`factor_cli.train.distributed`): rank 0
+    warm-starts the model, opens the one ledger run and writes every file; the others follow.
+    """
+    init_distributed(cfg.model.device)
+    ranks = Ranks()
+    if not ranks.main:
+        progress, log = (lambda phase, i, n: None), (lambda msg: None)
+    model_path = ranks.first(lambda: warm_start(cfg, progress, log))
     backbone = Path(cfg.model.path).name
-    gpus = torch.cuda.device_count() if cfg.model.device.startswith("cuda") else 0
-    with start_run(
-        cfg.model_dump(mode="json"),
-        study=cfg.study,
-        method=cfg.method,
-        env=cfg.env.name,
-        seed=cfg.seed,
-        backbone=backbone,
-        gpus=gpus,
-        tracking_uri=cfg.tracking_uri,
-        resume_run_id=resume_run_id,
-        tags={
-            "reduction": cfg.reduction,
-            "temperature": cfg.rollout.temperature,
-            "budget": f"{cfg.continuations.budget}x{cfg.continuations.per_checkpoint}",
-        },
-    ) as run:
+    gpus = ranks.world if cfg.model.device.startswith("cuda") else 0
+    ledger = (
+        start_run(
+            cfg.model_dump(mode="json"),
+            study=cfg.study,
+            method=cfg.method,
+            env=cfg.env.name,
+            seed=cfg.seed,
+            backbone=backbone,
+            gpus=gpus,
+            tracking_uri=cfg.tracking_uri,
+            resume_run_id=resume_run_id,
+            tags={
+                "reduction": cfg.reduction,
+                "temperature": cfg.rollout.temperature,
+                "budget": f"{cfg.continuations.budget}x{cfg.continuations.per_checkpoint}",
+                "world_size": ranks.world,
+            },
+        )
+        if ranks.main
+        else nullcontext(None)
+    )
+    with ledger as opened:
+        run_id = ranks.broadcast(opened.run_id if opened is not None else None)
+        run = opened if opened is not None else _RankRun(str(run_id))
         run_dir = Path(cfg.output_dir) / run.run_id
-        run_dir.mkdir(parents=True, exist_ok=True)
-        trainer = Trainer(cfg, model_path, progress)
+        if ranks.main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        trainer = Trainer(cfg, model_path, progress, ranks)
         try:
             if resume_run_id:
                 last = checkpoint.latest(run_dir)
@@ -121,30 +152,37 @@ def train(
                 result = trainer.train_step()
                 metrics = result.metrics
                 run.log_metrics(metrics, step=result.step)
-                _append_jsonl(run_dir / "metrics.jsonl", {"step": result.step, **metrics})
+                if ranks.main:
+                    _append_jsonl(run_dir / "metrics.jsonl", {"step": result.step, **metrics})
                 progress("steps", result.step, total)
                 if result.step % cfg.checkpoint_every == 0 or result.step == total:
                     trainer.save(run_dir, run.run_id)
                 if cfg.eval.every and result.step % cfg.eval.every == 0 and result.step < total:
-                    items = evaluate(trainer.generator, cfg, cfg.method)
+                    items = evaluate(trainer.generator, cfg, cfg.method, shard=trainer.shard)
                     run.log_metrics({"eval_metric": metric(items)}, step=result.step)
                 if stop_after is not None and result.step >= stop_after:
                     return RunSummary(run.run_id, run_dir, trainer.step, metrics, None, None)
             final = run_dir / "model"
             tmp = run_dir / ".model.tmp"
-            trainer.engine.save_pretrained(tmp, trainer.policy.tokenizer)
-            if final.exists():
-                import shutil
+            trainer.engine.save_pretrained(tmp, trainer.policy.tokenizer)  # all ranks: ZeRO-3
+            if ranks.main:
+                if final.exists():
+                    import shutil
 
-                shutil.rmtree(final)
-            tmp.rename(final)
+                    shutil.rmtree(final)
+                tmp.rename(final)
             items = evaluate(
-                trainer.generator, cfg, cfg.method, on_turn=lambda i, n: progress("eval", i, n)
+                trainer.generator,
+                cfg,
+                cfg.method,
+                on_turn=lambda i, n: progress("eval", i, n),
+                shard=trainer.shard,
             )
             value = metric(items)
             items_path = run_dir / "eval_items.csv"
-            with atomic_target(items_path) as tmp:
-                items.to_csv(tmp, index=False)
+            if ranks.main:
+                with atomic_target(items_path) as tmp:
+                    items.to_csv(tmp, index=False)
             run.log_items(
                 items[["env", "method", "seed", "item_id", "category", "success", "score"]]
             )

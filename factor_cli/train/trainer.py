@@ -38,8 +38,9 @@ from factor_cli.rollout.runner import Episode, RolloutRunner, Start
 from factor_cli.rollout.values import continuation_targets, root_values
 
 from . import checkpoint
-from .config import TrainConfig
+from .config import ConfigError, TrainConfig
 from .data import instances, sample_groups
+from .distributed import Ranks
 from .engine import Engine
 from .update import ppo_update
 
@@ -68,7 +69,11 @@ class StepResult:
 
 class Trainer:
     def __init__(
-        self, cfg: TrainConfig, model_path: str | None = None, progress: Progress | None = None
+        self,
+        cfg: TrainConfig,
+        model_path: str | None = None,
+        progress: Progress | None = None,
+        ranks: Ranks | None = None,
     ) -> None:
         self.cfg = cfg
         self.spec = METHODS.get(cfg.method)
@@ -79,6 +84,15 @@ class Trainer:
         )
         self.engine = Engine(self.policy.model, cfg)
         self.policy.model = self.engine.module
+        self.ranks = ranks or Ranks()
+        if self.ranks.world > 1 and cfg.engine.zero_stage == 3 and cfg.rollout.backend == "hf":
+            raise ConfigError(
+                "engine.zero_stage=3 over several processes needs rollout.backend=vllm: hf "
+                "generation runs a different number of forward passes on each rank, and ZeRO-3 "
+                "gathers its partitioned weights in every one (use zero_stage 0-2 or vllm)"
+            )
+        # Episodes are sharded over ranks (and all-gathered), so a rank needs its share of envs.
+        self.shard = self.ranks if self.ranks.world > 1 else None
         self.generator = BACKENDS.get(cfg.rollout.backend)(
             self.policy,
             max_new_tokens=cfg.rollout.max_new_tokens,
@@ -96,9 +110,12 @@ class Trainer:
         n_root = cfg.rollout.groups * cfg.rollout.k
         n_cont = n_root * cfg.continuations.budget * cfg.continuations.per_checkpoint
         size = max(n_root, n_cont if self.spec.continuations else 0)
+        size = -(-size // self.ranks.world)
         self.pool = EnvPool(cfg.env.name, size, **cfg.env.options)
         self.max_turns = cfg.env.max_turns or self.pool[0].max_turns
-        self.runner = RolloutRunner(self.pool, self.generator, self.fmt, self.max_turns)
+        self.runner = RolloutRunner(
+            self.pool, self.generator, self.fmt, self.max_turns, shard=self.shard
+        )
         self.step = 0
         self._values: torch.Tensor | None = None
         self._lost = 0
@@ -294,7 +311,9 @@ class Trainer:
             "run_id": run_id,
             "config": self.cfg.model_dump(mode="json"),
         }
-        return checkpoint.save(run_dir, self.step, self.engine, extra)
+        return checkpoint.save(
+            run_dir, self.step, self.engine, extra, self.ranks.main, self.ranks.barrier
+        )
 
     def load(self, directory: Path) -> dict[str, Any]:
         self.engine.load(directory)
