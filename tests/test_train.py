@@ -217,8 +217,11 @@ def test_micro_batching_never_changes_the_update(tiny_model_dir: Path, zero_stag
     assert float((w3 - w100).abs().max()) < 1e-4
 
 
-def test_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """Data-parallel DeepSpeed (2 CPU processes, gloo) gives the single-process update."""
+@pytest.mark.parametrize("layout", ["even", "uneven", "uneven-zero3"])
+def test_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path, layout: str) -> None:
+    """Data-parallel DeepSpeed (2 CPU processes, gloo) gives the single-process update, also
+    when the ranks' shares of a mini-batch differ in size, and under ZeRO-3 (whose forwards
+    are collectives: every rank must run as many)."""
     torchrun = Path(sys.executable).with_name("torchrun")
     results = {}
     for n in (1, 2):
@@ -228,10 +231,12 @@ def test_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> None:
             "--nproc_per_node",
             str(n),
             "--master_port",
-            str(29600 + n),
+            str(_free_port()),
             str(ROOT / "tests" / "dp_worker.py"),
             str(tiny_model_dir),
             str(out),
+            *(["--uneven"] if layout.startswith("uneven") else []),
+            *(["--zero3"] if layout.endswith("zero3") else []),
         ]
         res = subprocess.run(
             cmd,

@@ -103,16 +103,20 @@ def _minibatch(
     # Data parallel: every rank holds the whole rollout batch and takes its share of the
     # mini-batch; the counts above stay global and DeepSpeed sums the ranks' gradients.
     mine = actions[engine.rank :: engine.world_size]
-    micro = [
-        mine[i : i + cfg.optim.micro_batch_actions]
-        for i in range(0, len(mine), cfg.optim.micro_batch_actions)
-    ] or [[]]
+    size = cfg.optim.micro_batch_actions
+    # Every rank runs the same number of micro-batches (from the largest share), padding with
+    # empty ones: ZeRO-3 gathers weights in each forward, a collective all ranks must join.
+    share = -(-len(actions) // engine.world_size)
+    n_micro = max(1, -(-share // size))
+    micro = [mine[i * size : (i + 1) * size] for i in range(n_micro)]
     out = UpdateStats()
     clipped = 0.0
     for m, acts in enumerate(micro):
-        if not acts:  # nothing on this rank, but it must still join the gradient all-reduce
-            zero = sum(p.sum() for p in engine.module.parameters()) * 0.0
-            engine.backward(zero, boundary=True)
+        if not acts:  # nothing here for this rank: a zero-loss forward keeps it in step
+            dummy = score_replies(engine.model, [[pad_id]], [[pad_id]], 1.0, pad_id, True)
+            if credit.kl_coef > 0 and teacher_prompts is not None:  # the teacher's forward too
+                score_replies(engine.module, [[pad_id]], [[pad_id]], 1.0, pad_id)
+            engine.backward(dummy.logprobs[0].sum() * 0.0, boundary=m == len(micro) - 1)
             continue
         sc = score_replies(
             engine.model,
