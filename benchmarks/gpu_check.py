@@ -7,9 +7,13 @@ that reloads into a fresh engine with equal weights, and a Hugging Face export (
 its partitioned parameters) that reloads with the same weights. Then the ``hf`` backend on CUDA:
 sampled tokens/s and the gap between behaviour log-probs and a re-score.
 
-Usage: python benchmarks/gpu_check.py OUT_DIR [--medium]   (``--medium``: also time a ~110M
-Llama built from a config). Prints one line per check and writes ``OUT_DIR/gpu_check.json``.
-Without CUDA it runs the fp32 ZeRO 0/1/3 cases on the CPU, which is how the script is tested here.
+Usage: python benchmarks/gpu_check.py OUT_DIR [--medium] [--train]
+
+``--medium`` also times a ~110M Llama built from a config; ``--train`` runs two whole training
+steps of the ``paper`` preset (bf16, ZeRO-3) shrunk to the tiny model on TWX, for factor and
+serl-repro, and a greedy evaluation. Prints one line per check and writes
+``OUT_DIR/gpu_check.json``. Without CUDA it runs the fp32 ZeRO 0/1/3 cases (and ``--train`` at
+fp32 ZeRO-1) on the CPU, which is how the script is tested here.
 """
 
 from __future__ import annotations
@@ -174,6 +178,68 @@ def generation_case(model_dir: Path, device: str, dtype: str, n: int) -> dict[st
     }
 
 
+def train_case(model_dir: Path, work: Path, device: str, method: str) -> dict[str, Any]:
+    """Two whole training steps of the ``paper`` preset (bf16, ZeRO-3) shrunk to the tiny model
+    and TWX coin games with the hf backend, then a greedy evaluation of 4 items."""
+    from factor_cli.train.evaluate import evaluate, metric
+    from factor_cli.train.trainer import Trainer
+
+    cuda = device.startswith("cuda")
+    sets = [
+        f"method={method}",
+        f"model.path={model_dir}",
+        f"model.device={device}",
+        f"model.dtype={'bfloat16' if cuda else 'float32'}",
+        f"engine.precision={'bf16' if cuda else 'fp32'}",
+        f"engine.zero_stage={3 if cuda else 1}",
+        "env.name=twx",
+        "env.games=[coin]",
+        "env.max_turns=8",
+        "rollout.groups=4",
+        "rollout.k=4",
+        "rollout.max_new_tokens=32",
+        "rollout.max_context=768",
+        "rollout.backend=hf",
+        "continuations.per_checkpoint=2",
+        "continuations.horizon=4",
+        "value.hidden=64",
+        "optim.lr=1e-4",
+        "credit.warmup_steps=1",
+        "eval.max_items=4",
+        "steps=2",
+        f"output_dir={work / 'runs'}",
+    ]
+    cfg = load_config("paper", sets)
+    t0 = time.perf_counter()
+    trainer = Trainer(cfg, str(model_dir))
+    try:
+        setup = time.perf_counter() - t0
+        steps = [trainer.train_step().metrics for _ in range(2)]
+        saved = trainer.save(work / f"train-{method}", None)
+        trainer.engine.save_pretrained(work / f"train-{method}-model", trainer.policy.tokenizer)
+        t1 = time.perf_counter()
+        items = evaluate(trainer.generator, cfg, cfg.method)
+        eval_s = time.perf_counter() - t1
+    finally:
+        trainer.close()
+    last = steps[-1]
+    keep = ("loss", "kl", "value_mse", "return_mean", "actions", "action_tokens", "grad_norm")
+    finite = all(math.isfinite(v) for m in steps for v in m.values())
+    return {
+        "case": f"train-{method}-{'bf16-zero3' if cuda else 'fp32-zero1'}",
+        "setup_s": setup,
+        "step_s": [sum(v for k, v in m.items() if k.startswith("time_")) for m in steps],
+        "phases_last": {k: round(v, 3) for k, v in last.items() if k.startswith("time_")},
+        "last": {k: last[k] for k in keep if k in last},
+        "eval_metric": metric(items),
+        "eval_items": len(items),
+        "eval_s": eval_s,
+        "checkpoint": saved.name,
+        "finite": finite,
+        "ok": finite and len(items) == 4 and (saved / "state.pt").exists(),
+    }
+
+
 def medium_model(tiny_dir: Path, out: Path) -> Path:
     """A ~110M-parameter Llama with the tiny tokenizer (random weights, for timing only)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -273,6 +339,19 @@ def main() -> None:
             record(r)
         except Exception as e:
             record({"case": "medium-hf-generate", "ok": False, "error": repr(e)})
+    if "--train" in sys.argv:
+        for method in ("factor", "serl-repro"):
+            try:
+                record(train_case(tiny, work, device, method))
+            except Exception as e:
+                record(
+                    {
+                        "case": f"train-{method}",
+                        "ok": False,
+                        "error": repr(e),
+                        "trace": traceback.format_exc()[-3000:],
+                    }
+                )
     import shutil
 
     shutil.rmtree(work, ignore_errors=True)
