@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -293,65 +295,43 @@ def main() -> None:
             json.dumps({**report, "results": results}, indent=1)
         )
 
-    for zero, prec, off in cases:
+    def attempt(case: str, fn: Callable[[], dict[str, Any]], prefix: str = "") -> None:
+        """Record ``fn()``'s result, or its error: one failing case must not hide the others."""
         try:
-            record(engine_case(tiny, work, device, zero, prec, off, 4, (8, 4, 96, 24)))
-        except Exception as e:  # one failing case must not hide the others
-            record(
-                {
-                    "case": f"zero{zero}-{prec}{'-offload' if off else ''}",
-                    "ok": False,
-                    "error": f"{type(e).__name__}: {e}",
-                    "trace": traceback.format_exc()[-2000:],
-                }
-            )
-    for dtype in ["float32"] + (["bfloat16"] if cuda else []):
-        try:
-            record(generation_case(tiny, device, dtype, 64))
+            r = fn()
+            r["case"] = prefix + r["case"]
         except Exception as e:
-            record(
-                {
-                    "case": f"hf-generate-{dtype}",
-                    "ok": False,
-                    "error": repr(e),
-                    "trace": traceback.format_exc()[-2000:],
-                }
-            )
+            r = {
+                "case": prefix + case,
+                "ok": False,
+                "error": f"{type(e).__name__}: {e}",
+                "trace": traceback.format_exc()[-3000:],
+            }
+        record(r)
+
+    for zero, prec, off in cases:
+        attempt(
+            f"zero{zero}-{prec}{'-offload' if off else ''}",
+            partial(engine_case, tiny, work, device, zero, prec, off, 4, (8, 4, 96, 24)),
+        )
+    for dtype in ["float32"] + (["bfloat16"] if cuda else []):
+        attempt(f"hf-generate-{dtype}", partial(generation_case, tiny, device, dtype, 64))
     if "--medium" in sys.argv and cuda:
         med = medium_model(tiny, work / "medium")
         for zero, prec in [(0, "bf16"), (3, "bf16")]:
-            try:
-                r = engine_case(med, work, device, zero, prec, False, 3, (32, 4, 512, 128))
-                r["case"] = "medium-" + r["case"]
-                record(r)
-            except Exception as e:
-                record(
-                    {
-                        "case": f"medium-zero{zero}-{prec}",
-                        "ok": False,
-                        "error": repr(e),
-                        "trace": traceback.format_exc()[-2000:],
-                    }
-                )
-        try:
-            r = generation_case(med, device, "bfloat16", 128)
-            r["case"] = "medium-" + r["case"]
-            record(r)
-        except Exception as e:
-            record({"case": "medium-hf-generate", "ok": False, "error": repr(e)})
+            attempt(
+                f"zero{zero}-{prec}",
+                partial(engine_case, med, work, device, zero, prec, False, 3, (32, 4, 512, 128)),
+                "medium-",
+            )
+        attempt(
+            "hf-generate-bfloat16",
+            partial(generation_case, med, device, "bfloat16", 128),
+            "medium-",
+        )
     if "--train" in sys.argv:
         for method in ("factor", "serl-repro"):
-            try:
-                record(train_case(tiny, work, device, method))
-            except Exception as e:
-                record(
-                    {
-                        "case": f"train-{method}",
-                        "ok": False,
-                        "error": repr(e),
-                        "trace": traceback.format_exc()[-3000:],
-                    }
-                )
+            attempt(f"train-{method}", partial(train_case, tiny, work, device, method))
     import shutil
 
     shutil.rmtree(work, ignore_errors=True)

@@ -265,7 +265,8 @@ def _free_port() -> int:
 @needs_twx
 def test_torchrun_job_equals_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
     """`torchrun --nproc_per_node 2 -m factor_cli train`: rollouts, continuations and eval
-    sharded over 2 CPU ranks give the single-process run's metrics and results; one ledger run."""
+    sharded over 2 CPU ranks give the single-process run's metrics and results, also across a
+    two-rank resume; one ledger run."""
     from mlflow.tracking import MlflowClient
 
     overrides = [*tiny_overrides(tiny_model_dir, tmp_path, "factor"), "rollout.groups=2"]
@@ -282,10 +283,9 @@ def test_torchrun_job_equals_one_process(tiny_model_dir: Path, tmp_path: Path) -
             "factor_cli",
         ],
     }
-    rows, items = {}, {}
-    for n, prefix in launch.items():
-        out = tmp_path / f"n{n}"
-        args = [*prefix, "train"]
+
+    def job(n: int, out: Path, extra: list[str]) -> None:
+        args = [*launch[n], "train", *extra]
         for o in overrides:
             args += ["--set", o.replace(str(tmp_path), str(out))]
         res = subprocess.run(
@@ -297,12 +297,24 @@ def test_torchrun_job_equals_one_process(tiny_model_dir: Path, tmp_path: Path) -
             env={**os.environ, "OMP_NUM_THREADS": "1"},
         )
         assert res.returncode == 0, res.stdout[-1500:] + res.stderr[-3000:]
+
+    def ledger(out: Path):
         client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
         exps = [e.experiment_id for e in client.search_experiments()]
         runs = client.search_runs(exps)
         assert len(runs) == 1 and runs[0].info.status == "FINISHED"  # one run per job
-        assert runs[0].data.tags["world_size"] == str(n)
-        run_dir = out / "runs" / runs[0].info.run_id
+        return runs[0]
+
+    rows, items = {}, {}
+    # Two ranks stop after step 1; `--resume` on two ranks loads every rank's engine shard and
+    # continues the same ledger run through step 2.
+    job(1, tmp_path / "n1", [])
+    job(2, tmp_path / "n2", ["--set", "steps=1"])
+    job(2, tmp_path / "n2", ["--set", "steps=2", "--resume", ledger(tmp_path / "n2").info.run_id])
+    for n in (1, 2):
+        run = ledger(tmp_path / f"n{n}")
+        assert run.data.tags["world_size"] == str(n)
+        run_dir = tmp_path / f"n{n}" / "runs" / run.info.run_id
         rows[n] = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         items[n] = (run_dir / "eval_items.csv").read_text()
     assert [r["step"] for r in rows[2]] == [1, 2]

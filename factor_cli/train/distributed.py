@@ -13,6 +13,7 @@ group, whatever backend the engine trains with (NCCL on GPUs).
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
@@ -20,6 +21,7 @@ import torch
 from .engine import prepare_distributed_env, world
 
 T = TypeVar("T")
+WAIT = timedelta(hours=12)
 
 
 def init_distributed(device: str) -> None:
@@ -38,7 +40,8 @@ class Ranks:
         self.rank, self.world = world()
         self._group = None
         if self.world > 1:  # a collective: every rank creates its Ranks at the same point
-            self._group = torch.distributed.new_group(backend="gloo")
+            # Long timeout: the other ranks wait here while rank 0 alone runs the SFT warm start.
+            self._group = torch.distributed.new_group(backend="gloo", timeout=WAIT)
 
     @property
     def main(self) -> bool:
