@@ -84,6 +84,8 @@ class Trainer:
         )
         self.engine = Engine(self.policy.model, cfg)
         self.policy.model = self.engine.module
+        # Value features and teacher scores are computed on every rank over the gathered batch
+        # (not sharded): every rank then runs the same forwards, as ZeRO-3 requires.
         self.ranks = ranks or Ranks()
         if self.ranks.world > 1 and cfg.engine.zero_stage == 3 and cfg.rollout.backend == "hf":
             raise ConfigError(
@@ -91,7 +93,6 @@ class Trainer:
                 "generation runs a different number of forward passes on each rank, and ZeRO-3 "
                 "gathers its partitioned weights in every one (use zero_stage 0-2 or vllm)"
             )
-        # Episodes are sharded over ranks (and all-gathered), so a rank needs its share of envs.
         self.shard = self.ranks if self.ranks.world > 1 else None
         self.generator = BACKENDS.get(cfg.rollout.backend)(
             self.policy,
@@ -110,7 +111,7 @@ class Trainer:
         n_root = cfg.rollout.groups * cfg.rollout.k
         n_cont = n_root * cfg.continuations.budget * cfg.continuations.per_checkpoint
         size = max(n_root, n_cont if self.spec.continuations else 0)
-        size = -(-size // self.ranks.world)
+        size = -(-size // self.ranks.world)  # each rank plays its block of the episodes
         self.pool = EnvPool(cfg.env.name, size, **cfg.env.options)
         self.max_turns = cfg.env.max_turns or self.pool[0].max_turns
         self.runner = RolloutRunner(
