@@ -18,6 +18,7 @@ fp32 ZeRO-1) on the CPU, which is how the script is tested here.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -265,7 +266,12 @@ def medium_model(tiny_dir: Path, out: Path) -> Path:
 
 
 def main() -> None:
-    out_dir = Path(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("out_dir", type=Path, help="Folder for gpu_check.json.")
+    ap.add_argument("--medium", action="store_true", help="Also time a ~110M Llama (CUDA only).")
+    ap.add_argument("--train", action="store_true", help="Two whole training steps per method.")
+    args = ap.parse_args()
+    out_dir = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -316,7 +322,7 @@ def main() -> None:
         )
     for dtype in ["float32"] + (["bfloat16"] if cuda else []):
         attempt(f"hf-generate-{dtype}", partial(generation_case, tiny, device, dtype, 64))
-    if "--medium" in sys.argv and cuda:
+    if args.medium and cuda:
         med = medium_model(tiny, work / "medium")
         for zero, prec in [(0, "bf16"), (3, "bf16")]:
             attempt(
@@ -329,7 +335,7 @@ def main() -> None:
             partial(generation_case, med, device, "bfloat16", 128),
             "medium-",
         )
-    if "--train" in sys.argv:
+    if args.train:
         for method in ("factor", "serl-repro"):
             attempt(f"train-{method}", partial(train_case, tiny, work, device, method))
     import shutil
