@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy import stats as sps
 
+from factor_cli.registry import Registry
 from factor_cli.stats import (
     AGGREGATES,
     interval_estimate,
@@ -20,7 +21,6 @@ from factor_cli.stats import (
     probability_of_improvement,
     stratified_bootstrap,
 )
-from factor_cli.stats.registry import Registry
 
 X = np.array([[0.1, 0.9], [0.2, 0.8], [0.3, 0.7], [0.4, 0.6]])  # 4 runs x 2 tasks
 

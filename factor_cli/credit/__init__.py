@@ -9,6 +9,8 @@ Public entry points (shapes use N_tok tokens, N_act actions, N_traj trajectories
     assign_credit(batch, method, step, cfg) -> CreditAssignment   (any method by name)
 """
 
+from factor_cli.registry import Registry
+
 from .advantage import (
     CONVENTIONS,
     TrajectoryAdvantage,
@@ -39,7 +41,6 @@ from .losses import (
     policy_loss,
 )
 from .methods import METHODS, CreditAssignment, MethodSpec, assign_credit
-from .registry import Registry
 from .schedules import alpha_schedule, eta_schedule, in_warmup
 from .serl import action_kl, serl_weights
 from .tac import gae_credit, reverse_discounted_sum, td_action_credit, td_n_step_credit

@@ -17,9 +17,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from factor_cli.registry import Registry
+
 from . import checks
 from .config import CreditConfig
-from .registry import Registry
 from .segments import permute_within_segments, segment_count, segment_softmax
 
 Allocation = Callable[

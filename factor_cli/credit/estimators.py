@@ -15,9 +15,10 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from factor_cli.registry import Registry
+
 from .config import CreditConfig
 from .gigpo import gigpo_advantage
-from .registry import Registry
 from .segments import permute_within_segments, segment_count
 from .tac import gae_credit, td_action_credit, td_n_step_credit
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from factor_cli.registry import Registry
+
 from . import checks
-from .registry import Registry
 from .segments import segment_count, segment_sum
 
 Reduction = Callable[[Tensor, Tensor, "float | None"], Tensor]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 
-from factor_cli.credit.registry import Registry
+from factor_cli.registry import Registry
 
 from .base import Environment, EnvUnavailable
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from factor_cli.credit.registry import Registry
+from factor_cli.registry import Registry
 
 from .manifest import MANIFEST_NAMES, Row, sha256_text, update_lock, write_manifest
 

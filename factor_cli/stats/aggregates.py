@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
+from factor_cli.registry import Registry
+
 from .bootstrap import percentile_interval
-from .registry import Registry
 
 Aggregate = Callable[[np.ndarray], "float | np.ndarray"]
 AGGREGATES: Registry[Aggregate] = Registry("aggregate")

@@ -28,9 +28,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from factor_cli.registry import Registry
+
 from .io import shown
 from .metric import category_rates, run_metrics
-from .registry import Registry
 
 KINDS: tuple[str, ...] = ("main", "ablation", "protocol", "budget", "transfer")
 STYLES: tuple[str, ...] = ("plain", "markdown", "latex")

@@ -1,7 +1,12 @@
-"""A tiny name -> object registry (methods, estimators, allocations, reductions, ...).
+"""A tiny name -> object registry: every family of the package (methods, estimators,
+allocations, reductions, aggregates, table kinds, planners, backends, environments).
 
 Registering a name twice is an error and an unknown name fails listing the valid ones, so a typo
 in a config never silently falls back to something else.
+
+Standard library only and importing nothing from ``factor_cli``: it is the one module that the
+self-contained layers ``credit/`` and ``stats/`` may import from the rest of the package (a test
+enforces it), so they stay importable on their own.
 """
 
 from __future__ import annotations
