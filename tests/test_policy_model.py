@@ -17,7 +17,6 @@ from factor_cli.envs import availability
 from factor_cli.policy.model import (
     ACTION_TOKENS,
     METADATA_FILE,
-    TINY_PRESETS,
     _looks_like_path,
     build_tiny_model,
     chars_per_token,
@@ -27,6 +26,7 @@ from factor_cli.policy.model import (
     read_metadata,
     train_tokenizer,
 )
+from factor_cli.policy.presets import TINY_PRESETS
 
 twx_missing = availability("twx")
 pytestmark = pytest.mark.skipif(
@@ -201,6 +201,30 @@ def test_load_policy(tiny_dir: Path) -> None:
     )
     assert batch["attention_mask"][0, 0] == 0  # the shorter row is padded on the left
     assert load_policy(str(tiny_dir), dtype="bfloat16").dtype == torch.bfloat16
+
+
+def test_dtype_names_have_one_home() -> None:
+    """The config's ``model.dtype`` choices, the loader and the vLLM backend share one list."""
+    import subprocess
+    import sys
+    from typing import get_args
+
+    from factor_cli.policy.dtypes import AUTO, DTYPE_NAMES, dtype_name, load_dtype, torch_dtype
+    from factor_cli.train.config import ModelConfig
+
+    assert get_args(ModelConfig.model_fields["dtype"].annotation) == DTYPE_NAMES
+    assert DTYPE_NAMES == ("float32", "bfloat16", "float16")
+    for name in DTYPE_NAMES:
+        assert torch_dtype(name) is getattr(torch, name) and dtype_name(torch_dtype(name)) == name
+        assert load_dtype(name) is torch_dtype(name)
+    assert load_dtype(AUTO) == "auto"
+    with pytest.raises(ValueError, match="dtype 'auto' is not supported; use one of float32"):
+        torch_dtype("auto")
+    with pytest.raises(ValueError, match=r"dtype torch\.int8 is not supported"):
+        dtype_name(torch.int8)
+    code = "import sys, factor_cli.policy.dtypes; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_load_policy_errors(tmp_path: Path, tiny_dir: Path, corpus: list[str]) -> None:

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from factor_cli.credit import ESTIMATORS, METHODS, REDUCTIONS, CreditConfig
-from factor_cli.rollout.explain import ActionView, Explanation, explain
-from factor_cli.rollout.records import RecordError, load_group
-
 from .common import console, fail
+
+if TYPE_CHECKING:  # torch-backed; imported by the commands that use them
+    from factor_cli.rollout.explain import ActionView, Explanation
 
 app = typer.Typer(
     rich_markup_mode="markdown",
@@ -121,6 +122,12 @@ def explain_cmd(
     weight w̄ (exactly 1 under APM, drifting under SERL's psi), and its tokens coloured by
     their allocation. Each trajectory ends with the telescoping check sum_t A*_t = A^seq.
     """
+    from factor_cli.credit import REDUCTIONS, CreditConfig
+    from factor_cli.rollout.explain import explain
+    from factor_cli.rollout.records import RecordError, load_group
+
+    if trajectory.is_dir():
+        fail(f"{trajectory}: is a folder; pass one recorded trajectory-group JSON file")
     try:
         REDUCTIONS.get(reduction)
         group = load_group(trajectory)
@@ -129,6 +136,8 @@ def explain_cmd(
         fail(str(exc))
     except ValueError as exc:
         fail(f"{trajectory}: {exc}")
+    except OSError as exc:
+        fail(f"{trajectory}: cannot read it ({exc.strerror or exc})")
     if as_json:
         typer.echo(json.dumps(exp.to_json(), indent=1))
         return
@@ -138,13 +147,23 @@ def explain_cmd(
 @app.command("methods")
 def methods_cmd() -> None:
     """List every trainable method and ablation with its credit, allocation and schedule."""
-    table = Table(title="Methods (credit registry)")
+    from factor_cli.credit import ESTIMATORS, METHODS
+
     wide = console.width >= 130  # the summary column only fits a wide terminal
-    table.add_column("name", no_wrap=True, style="bold")
-    for col in ("credit", "allocation", "strength", "KL", "cont.", "reduction"):
-        table.add_column(col, no_wrap=True)
+    # Compact (no vertical rules, no outer padding) so every column fits 80 terminal columns
+    # uncut; on a narrower terminal cells fold instead of being cut to "…".
+    table = Table(
+        title="Methods (credit registry)",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    table.add_column("name", style="bold", overflow="fold")
+    for col in ("credit", "allocation", "sched.", "KL", "cont.", "reduction"):
+        table.add_column(col, overflow="fold")
     if wide:
-        table.add_column("summary")
+        table.add_column("summary", overflow="fold")
     for name in METHODS:
         s = METHODS.get(name)
         row = [
@@ -158,10 +177,17 @@ def methods_cmd() -> None:
         ]
         table.add_row(*row, *([s.summary] if wide else []))
     console.print(table)
-    est = Table(title="Credit estimators")
+    console.print("sched.: the allocation strength schedule (eta_k, alpha_k or none)", style="dim")
+    est = Table(
+        title="Credit estimators",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        pad_edge=False,
+        collapse_padding=True,
+    )
     est.add_column("name", no_wrap=True, style="bold")
     for col in ("value head", "conserves A^seq", "summary"):
-        est.add_column(col)
+        est.add_column(col, overflow="fold")
     for name in ESTIMATORS:
         e = ESTIMATORS.get(name)
         est.add_row(name, "yes" if e.uses_values else "-", "yes" if e.conserves else "-", e.summary)

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import pandas as pd
 import typer
 from rich.markup import escape
 from rich.table import Table
@@ -19,6 +18,9 @@ from rich.table import Table
 from factor_cli.atomic import atomic_target
 
 from .common import console, fail
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 app = typer.Typer(
     rich_markup_mode="markdown",

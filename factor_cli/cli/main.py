@@ -6,6 +6,7 @@ import typer
 
 from factor_cli import __version__
 
+from .common import run_app
 from .credit import app as credit_app
 from .envs import app as envs_app
 from .ledger import app as ledger_app
@@ -54,4 +55,5 @@ def _root(
 
 
 def main() -> None:
-    app()
+    """The console script: every command behind the one error path (:func:`run_app`)."""
+    run_app(app)

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from factor_cli.envs import EnvError
-from factor_cli.policy.model import TINY_PRESETS, get_preset, read_metadata
+from factor_cli.policy.presets import TINY_PRESETS, get_preset
 
 from .common import console, err_console, fail
 
@@ -98,7 +98,7 @@ def info_cmd(
 
 def _describe(path: str) -> dict[str, Any]:
     """Load the model (quietly) and collect what `info` shows."""
-    from factor_cli.policy.model import ACTION_TOKENS, load_policy
+    from factor_cli.policy.model import ACTION_TOKENS, load_policy, read_metadata
 
     with console.status(f"loading {path}..."):
         policy = load_policy(path)

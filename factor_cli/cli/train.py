@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from factor_cli.atomic import atomic_target
 from factor_cli.train.config import ConfigError, TrainConfig, field_reference, load_config
 
-from .common import console, fail
+from .common import EXIT_INTERRUPTED, console, err_console, fail, first_line
 
 CONFIG_HELP = "Preset name (smoke, paper) or a YAML file."
 SET_HELP = "Override a field, e.g. --set rollout.k=4 --set method=grpo (repeatable)."
@@ -63,6 +65,16 @@ def _reference() -> None:
     console.print(table)
 
 
+def _resume_command(run_id: str, config: str, overrides: list[str]) -> str:
+    """The command that continues ``run_id`` with the same configuration."""
+    parts = ["factor", "train", "--resume", run_id]
+    if config != "smoke":
+        parts += ["--config", config]
+    for item in overrides:
+        parts += ["--set", item]
+    return shlex.join(parts)
+
+
 def train_cmd(
     config: str = typer.Option("smoke", "--config", "-c", help=CONFIG_HELP),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
@@ -90,17 +102,25 @@ def train_cmd(
         f"[bold]factor train[/] {cfg.study}/{cfg.method} on {cfg.env.name}, "
         f"{cfg.total_steps} steps, seed {cfg.seed}"
     )
+    opened: list[str] = []
     try:
         with _progress() as bar:
-            summary = train(cfg, _Bars(bar), console.print, resume_run_id=resume)
-    except (ValueError, FileNotFoundError) as exc:
-        fail(str(exc).splitlines()[0])
+            summary = train(
+                cfg, _Bars(bar), console.print, resume_run_id=resume, on_run=opened.append
+            )
+    except (ValueError, OSError) as exc:
+        fail(first_line(exc))
     except KeyboardInterrupt as exc:
         from factor_cli.ledger.runs import RunTerminated
 
         # The ledger run is already closed as KILLED and the last checkpoint is intact.
-        console.print("[yellow]interrupted[/]: resume with `factor train --resume RUN_ID`")
-        raise typer.Exit(143 if isinstance(exc, RunTerminated) else 130) from None
+        again = (
+            f"resume with `{_resume_command(opened[0], config, overrides)}`"
+            if opened
+            else "no ledger run was opened yet; nothing to resume"
+        )
+        err_console.print(Text.assemble(("interrupted", "yellow"), f": {again}"))
+        raise typer.Exit(143 if isinstance(exc, RunTerminated) else EXIT_INTERRUPTED) from None
     table = Table(title=f"Run {summary.run_id}")
     table.add_column("metric")
     table.add_column("value", justify="right")

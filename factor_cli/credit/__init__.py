@@ -7,43 +7,109 @@ Public entry points (shapes use N_tok tokens, N_act actions, N_traj trajectories
     serl_weights(gap, action_index, advantage, alpha, clip=0.2) -> w[N_tok]
     policy_loss(logp, logp_old, coef, action_index, reduction, clip_eps=0.2) -> scalar
     assign_credit(batch, method, step, cfg) -> CreditAssignment   (any method by name)
+
+Names are re-exported lazily (PEP 562): importing one submodule, e.g. ``credit.config`` for
+config validation, does not import torch through the others.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from factor_cli.registry import Registry
 
-from .advantage import (
-    CONVENTIONS,
-    TrajectoryAdvantage,
-    group_standardize,
-    leave_one_out,
-    raw_outcome,
-    terminal_rewards,
-)
-from .allocation import ALLOCATIONS, allocation, hta_scores
-from .batch import PackedBatch
-from .config import CreditConfig
-from .diagnostics import (
-    action_surrogate_weight,
-    coefficient_deviation,
-    conservation_drift,
-    length_bias_table,
-    sign_agreement,
-)
-from .estimators import ESTIMATORS, CreditInputs, broadcast_credit, uniform_credit
-from .gigpo import gigpo_advantage
-from .losses import (
-    REDUCTIONS,
-    Objective,
-    action_surrogates,
-    clipped_surrogate,
-    non_action_loss,
-    objective,
-    policy_loss,
-)
-from .methods import METHODS, CreditAssignment, MethodSpec, assign_credit
-from .schedules import alpha_schedule, eta_schedule, in_warmup
-from .serl import action_kl, serl_weights
-from .tac import gae_credit, reverse_discounted_sum, td_action_credit, td_n_step_credit
+if TYPE_CHECKING:
+    from .advantage import (
+        CONVENTIONS,
+        Convention,
+        TrajectoryAdvantage,
+        group_standardize,
+        leave_one_out,
+        raw_outcome,
+        terminal_rewards,
+        terminal_targets,
+    )
+    from .allocations import ALLOCATIONS, allocation, hta_scores
+    from .batch import PackedBatch
+    from .config import CreditConfig
+    from .diagnostics import (
+        action_surrogate_weight,
+        coefficient_deviation,
+        conservation_drift,
+        length_bias_table,
+        sign_agreement,
+    )
+    from .estimators import ESTIMATORS, CreditInputs, broadcast_credit, uniform_credit
+    from .gigpo import anchor_state_keys, gigpo_advantage
+    from .losses import (
+        REDUCTIONS,
+        ActionTokens,
+        DistillTokens,
+        NonActionTokens,
+        Normalizers,
+        Objective,
+        action_surrogates,
+        clipped_surrogate,
+        non_action_loss,
+        objective,
+        policy_loss,
+    )
+    from .methods import METHODS, CreditAssignment, MethodSpec, assign_credit
+    from .schedules import alpha_schedule, eta_schedule, in_warmup
+    from .serl import action_kl, serl_weights
+    from .tac import gae_credit, reverse_discounted_sum, td_action_credit, td_n_step_credit
+
+_EXPORTS = {
+    "CONVENTIONS": "advantage",
+    "Convention": "advantage",
+    "TrajectoryAdvantage": "advantage",
+    "group_standardize": "advantage",
+    "leave_one_out": "advantage",
+    "raw_outcome": "advantage",
+    "terminal_rewards": "advantage",
+    "terminal_targets": "advantage",
+    "ALLOCATIONS": "allocations",
+    "allocation": "allocations",
+    "hta_scores": "allocations",
+    "PackedBatch": "batch",
+    "CreditConfig": "config",
+    "action_surrogate_weight": "diagnostics",
+    "coefficient_deviation": "diagnostics",
+    "conservation_drift": "diagnostics",
+    "length_bias_table": "diagnostics",
+    "sign_agreement": "diagnostics",
+    "CreditInputs": "estimators",
+    "ESTIMATORS": "estimators",
+    "broadcast_credit": "estimators",
+    "uniform_credit": "estimators",
+    "anchor_state_keys": "gigpo",
+    "gigpo_advantage": "gigpo",
+    "ActionTokens": "losses",
+    "DistillTokens": "losses",
+    "NonActionTokens": "losses",
+    "Normalizers": "losses",
+    "Objective": "losses",
+    "REDUCTIONS": "losses",
+    "action_surrogates": "losses",
+    "clipped_surrogate": "losses",
+    "non_action_loss": "losses",
+    "objective": "losses",
+    "policy_loss": "losses",
+    "CreditAssignment": "methods",
+    "METHODS": "methods",
+    "MethodSpec": "methods",
+    "assign_credit": "methods",
+    "alpha_schedule": "schedules",
+    "eta_schedule": "schedules",
+    "in_warmup": "schedules",
+    "action_kl": "serl",
+    "serl_weights": "serl",
+    "gae_credit": "tac",
+    "reverse_discounted_sum": "tac",
+    "td_action_credit": "tac",
+    "td_n_step_credit": "tac",
+}
 
 __all__ = [
     "ALLOCATIONS",
@@ -51,10 +117,15 @@ __all__ = [
     "ESTIMATORS",
     "METHODS",
     "REDUCTIONS",
+    "ActionTokens",
+    "Convention",
     "CreditAssignment",
     "CreditConfig",
     "CreditInputs",
+    "DistillTokens",
     "MethodSpec",
+    "NonActionTokens",
+    "Normalizers",
     "Objective",
     "PackedBatch",
     "Registry",
@@ -64,6 +135,7 @@ __all__ = [
     "action_surrogates",
     "allocation",
     "alpha_schedule",
+    "anchor_state_keys",
     "assign_credit",
     "broadcast_credit",
     "clipped_surrogate",
@@ -87,5 +159,18 @@ __all__ = [
     "td_action_credit",
     "td_n_step_credit",
     "terminal_rewards",
+    "terminal_targets",
     "uniform_credit",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value  # later lookups skip this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

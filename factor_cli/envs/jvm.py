@@ -86,8 +86,16 @@ class SharedJVM:
         env_opts = os.environ.get("FACTOR_JAVA_OPTS")
         opts = list(env_opts.split()) if env_opts else list(self.java_opts)
         try:
+            # A process group of its own: Ctrl-C in the terminal interrupts Python (which then
+            # shuts the JVM down) instead of killing the JVM under a running call, which surfaced
+            # as py4j tracebacks and exit 1. die_on_exit still ends it if Python dies first.
             port, proc = launch_gateway(
-                classpath=self.jar, die_on_exit=True, cwd=self.cwd, javaopts=opts, return_proc=True
+                classpath=self.jar,
+                die_on_exit=True,
+                cwd=self.cwd,
+                javaopts=opts,
+                return_proc=True,
+                create_new_process_group=True,
             )
         except Exception as exc:  # py4j reports a failed launch with bare exceptions
             raise EnvError(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
+from factor_cli.resources import splits_dir
 from factor_cli.splits.manifest import MANIFEST_NAMES, read_manifest
 
 from .config import TrainConfig
@@ -22,7 +22,7 @@ def instances(cfg: TrainConfig, split: str) -> list[Instance]:
     name = MANIFEST_NAMES.get(cfg.env.name)
     if name is None:
         raise ValueError(f"environment {cfg.env.name!r} has no split manifest")
-    rows = read_manifest(Path(cfg.env.splits_dir) / name)
+    rows = read_manifest(splits_dir(cfg.env.splits_dir) / name)
     games = set(cfg.env.games)
     seen: dict[str, Instance] = {}
     for r in rows:

@@ -99,8 +99,12 @@ def train(
     log: Log,
     resume_run_id: str | None = None,
     stop_after: int | None = None,
+    on_run: Callable[[str], None] | None = None,
 ) -> RunSummary:
     """Train ``cfg`` (or resume a ledger run) to the end; ``stop_after`` ends early (tests).
+
+    ``on_run`` receives the ledger run id as soon as the run is open (so an interrupted caller
+    can say which run to ``--resume``).
 
     Under torchrun every rank calls this (see :mod:`factor_cli.train.distributed`): rank 0
     warm-starts the model, opens the one ledger run and writes every file; the others follow.
@@ -136,6 +140,8 @@ def train(
     with ledger as opened:
         run_id = ranks.broadcast(opened.run_id if opened is not None else None)
         run = opened if opened is not None else _RankRun(str(run_id))
+        if on_run is not None:
+            on_run(run.run_id)
         run_dir = Path(cfg.output_dir) / run.run_id
         if ranks.main:
             run_dir.mkdir(parents=True, exist_ok=True)
