@@ -3,9 +3,10 @@
 Every command reports bad input through :func:`fail`: one line ``error: <message>`` on stderr,
 exit code 1 (or the code given). The message is printed as plain text, never parsed as rich
 markup, so paths such as ``/tmp/[/bad].json`` or hints such as
-``pip install 'factor-cli[alfworld]'`` reach the user unchanged. :func:`run_app` is the safety net around every command: an error type
-the package raises for input a user can fix that a command did not catch still ends as one line,
-and Ctrl-C ends quietly with 130 (128 + SIGINT). ``FACTOR_DEBUG=1`` shows the traceback instead.
+``pip install 'factor-cli[alfworld]'`` reach the user unchanged. :func:`run_app` is the safety
+net around every command: an error type the package raises for input a user can fix that a
+command did not catch still ends as one line, and Ctrl-C ends quietly with 130 (128 + SIGINT).
+``FACTOR_DEBUG=1`` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -69,6 +70,22 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
     return (UserError, ValueError, OSError, EnvError, UnicodeDecodeError)
 
 
+def caused_by_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while handling a Ctrl-C (anywhere in its context chain).
+
+    Libraries sometimes fail in their own KeyboardInterrupt handler (py4j 0.10.9 calls a method
+    its connection class lacks), turning Ctrl-C into an unrelated error.
+    """
+    seen: set[int] = set()
+    node: BaseException | None = exc
+    while node is not None and id(node) not in seen:
+        if isinstance(node, KeyboardInterrupt):
+            return True
+        seen.add(id(node))
+        node = node.__cause__ or node.__context__
+    return False
+
+
 def run_app(app: Callable[[], object]) -> None:
     """Run the typer ``app`` with the one error path around it."""
     debug = os.environ.get("FACTOR_DEBUG", "") not in ("", "0")
@@ -80,6 +97,9 @@ def run_app(app: Callable[[], object]) -> None:
         err_console.print(Text("interrupted", style="yellow"))
         sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:
+        if caused_by_interrupt(exc) and not debug:
+            err_console.print(Text("interrupted", style="yellow"))
+            sys.exit(EXIT_INTERRUPTED)
         if debug or not isinstance(exc, _user_error_types()):
             raise
         err_console.print(error_line(first_line(exc)), highlight=False, soft_wrap=True)

@@ -9,6 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from factor_cli.envs import EnvError, availability, make_env
+from factor_cli.resources import splits_dir as resolve_splits_dir
 from factor_cli.splits.build import PLANNERS, build_manifest
 from factor_cli.splits.manifest import ManifestError
 from factor_cli.splits.verify import verify_dir
@@ -21,7 +22,6 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-SPLITS_DIR = Path("splits")
 
 
 def _progress() -> Progress:
@@ -38,7 +38,9 @@ def _progress() -> Progress:
 @app.command("build")
 def build_cmd(
     env_name: str = typer.Argument(..., metavar="ENV", help="scienceworld, twx or alfworld."),
-    splits_dir: Path = typer.Option(SPLITS_DIR, "--splits-dir", help="Where manifests live."),
+    splits_dir: Path | None = typer.Option(
+        None, "--splits-dir", help="Where manifests live (default: the shipped ones)."
+    ),
     seed: int = typer.Option(0, help="Seed of the split rule (the same seed gives the same file)."),
     tasks: str | None = typer.Option(None, help="ScienceWorld only: comma-separated task subset."),
     data_root: Path | None = typer.Option(
@@ -49,6 +51,7 @@ def build_cmd(
 
     The rules (paper Appendix B) are documented in factor_cli/splits/build.py and the README.
     """
+    splits_dir = resolve_splits_dir(splits_dir)
     if env_name not in PLANNERS:
         fail(f"no split rule for {env_name!r}; valid: {', '.join(PLANNERS.names())}")
     env_options: dict = {"data_root": data_root} if data_root is not None else {}
@@ -75,8 +78,8 @@ def build_cmd(
 
 
 def verify_cmd(
-    splits_dir: Path = typer.Option(
-        SPLITS_DIR, "--splits-dir", help="Folder of manifests + splits.lock."
+    splits_dir: Path | None = typer.Option(
+        None, "--splits-dir", help="Folder of manifests + splits.lock (default: the shipped ones)."
     ),
     sample: int | None = typer.Option(
         None, min=1, help="Recompute at most N checksums per manifest (default: all)."
@@ -88,6 +91,7 @@ def verify_cmd(
     train/eval overlap, and recomputes per-instance checksums from every environment that can
     run here. Prints a table of problems and exits 1 on any.
     """
+    splits_dir = resolve_splits_dir(splits_dir)
     if not splits_dir.is_dir():
         fail(
             f"{splits_dir}: no such folder; "

@@ -132,3 +132,11 @@ class SharedJVM:
 atexit.register(SharedJVM.shutdown_all)
 # py4j logs every broken connection with a traceback; a dead JVM is reported by EnvPool instead.
 logging.getLogger("py4j").setLevel(logging.CRITICAL)
+
+
+def _not_py4j(record: logging.LogRecord) -> bool:
+    """Drop what py4j logs on the root logger (its Ctrl-C handler prints a whole traceback)."""
+    return not (record.name == "root" and "py4j" in record.pathname)
+
+
+logging.getLogger().addFilter(_not_py4j)
