@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import numpy as np
@@ -176,6 +177,65 @@ def test_empty_file_and_unknown_suffix(tmp_path: Path) -> None:
         read_frame(bad)
     with pytest.raises(ValueError, match="no such file"):
         read_frame(tmp_path / "missing.csv")
+
+
+HEADER = "env,method,seed,item_id,category,success,score"
+EMPTY_FILES = {
+    "zero bytes": ("r.csv", b""),
+    "blank lines": ("r.csv", b"\n  \n"),
+    "empty gzip": ("r.csv.gz", gzip.compress(b"")),
+    "empty tsv": ("r.tsv", b"\n"),
+}
+
+
+@pytest.mark.parametrize("case", EMPTY_FILES)
+def test_empty_text_file_names_line_1_and_the_header(tmp_path: Path, case: str) -> None:
+    name, data = EMPTY_FILES[case]
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(ValueError) as err:
+        read_frame(tmp_path / name)
+    message = str(err.value)
+    assert message.startswith("line 1: the file is empty (no header line)")
+    assert f"write the header {HEADER} on line 1" in message
+    assert "\n" not in message
+
+
+def test_empty_parquet_and_metrics_header(tmp_path: Path) -> None:
+    (tmp_path / "r.parquet").write_bytes(b"")
+    with pytest.raises(ValueError, match="the file is empty \\(0 bytes\\); write a Parquet table"):
+        read_frame(tmp_path / "r.parquet")
+    (tmp_path / "m.csv").write_bytes(b"")
+    with pytest.raises(ValueError, match="write the header method,seed,step,reward on line 1"):
+        read_frame(tmp_path / "m.csv", header=("method", "seed", "step", "reward"))
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_non_utf8_names_the_line_and_byte_offset(tmp_path: Path, compress: bool) -> None:
+    lines = [HEADER, "alf,A,1,i1,x,1,1.0", "alf,A,1,i2,caf\xe9,0,0.0", "alf,A,1,i3,x,1,1.0"]
+    data = "\n".join(lines).encode("latin-1")  # the e-acute is one byte 0xe9, invalid UTF-8
+    offset = data.index(b"\xe9")
+    name = "r.csv.gz" if compress else "r.csv"
+    (tmp_path / name).write_bytes(gzip.compress(data) if compress else data)
+    with pytest.raises(ValueError) as err:
+        read_frame(tmp_path / name)
+    assert str(err.value) == (
+        f"line 3 (byte offset {offset}) is not valid UTF-8 (byte 0xe9); re-save the file as "
+        f"UTF-8, e.g. iconv -f latin1 -t utf-8 {name} > fixed.csv"
+    )
+
+
+def test_utf8_text_with_bom_and_accents_reads(tmp_path: Path) -> None:
+    text = HEADER + "\nalf,A,1,i1,café,1,1.0\n"
+    (tmp_path / "r.csv").write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    got = read_frame(tmp_path / "r.csv")
+    assert list(got.columns) == HEADER.split(",")
+    assert got["category"].tolist() == ["café"]
+
+
+def test_broken_gzip_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "r.csv.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(ValueError, match=r"not a readable gzip file .*compress it again with gzip"):
+        read_frame(tmp_path / "r.csv.gz")
 
 
 def test_csv_and_parquet_round_trip_keep_ids_as_text(tmp_path: Path) -> None:

@@ -18,6 +18,8 @@ one-line message naming the column or value and what to do about it.
 
 from __future__ import annotations
 
+import gzip
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,33 +44,84 @@ _TRUE = {"1", "1.0", "true", "t", "yes"}
 _FALSE = {"0", "0.0", "false", "f", "no"}
 
 
-def read_frame(path: str | Path, text_columns: Sequence[str] = TEXT_COLUMNS) -> pd.DataFrame:
+def read_frame(
+    path: str | Path,
+    text_columns: Sequence[str] = TEXT_COLUMNS,
+    header: Sequence[str] = REQUIRED_COLUMNS,
+) -> pd.DataFrame:
     """Read a CSV (``.csv``, ``.csv.gz``, ``.tsv``) or Parquet (``.parquet``, ``.pq``) file.
 
-    ``text_columns`` are read as strings so that ids such as ``007`` keep their zeros.
+    ``text_columns`` are read as strings so that ids such as ``007`` keep their zeros. An empty
+    file, or CSV text that is not UTF-8, fails naming the line (and byte offset) and the fix;
+    ``header`` is the header line such a message suggests.
     """
     p = Path(path)
     name = p.name.lower()
     if not p.is_file():
         raise ValueError(f"no such file: {p}")
+    if not name.endswith(_CSV_SUFFIXES + _PARQUET_SUFFIXES):
+        raise ValueError(
+            f"unsupported file type {p.suffix!r}; use one of "
+            f"{', '.join(_CSV_SUFFIXES + _PARQUET_SUFFIXES)}"
+        )
+    if p.stat().st_size == 0 and name.endswith(_PARQUET_SUFFIXES):
+        raise ValueError(
+            f"the file is empty (0 bytes); write a Parquet table with the columns "
+            f"{', '.join(header)} there"
+        )
     try:
         if name.endswith(_PARQUET_SUFFIXES):
             frame = pd.read_parquet(p)
-        elif name.endswith(_CSV_SUFFIXES):
-            sep = "\t" if name.endswith(".tsv") else ","
-            frame = pd.read_csv(p, sep=sep, dtype={c: str for c in text_columns})
         else:
-            raise ValueError(
-                f"unsupported file type {p.suffix!r}; use one of "
-                f"{', '.join(_CSV_SUFFIXES + _PARQUET_SUFFIXES)}"
-            )
-    except ValueError:
-        raise
+            text = _csv_text(p, header)
+            sep = "\t" if name.endswith(".tsv") else ","
+            frame = pd.read_csv(io.StringIO(text), sep=sep, dtype={c: str for c in text_columns})
+    except _ReadError as exc:
+        raise ValueError(str(exc)) from None
     except Exception as exc:  # parser errors of pandas / pyarrow: one line, no traceback
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"cannot read the file: {first}") from None
     frame.columns = [str(c).strip() for c in frame.columns]
     return frame
+
+
+class _ReadError(Exception):
+    """A problem :func:`read_frame` has already phrased for the user (not a parser error)."""
+
+
+def _empty_message(header: Sequence[str]) -> str:
+    return (
+        f"line 1: the file is empty (no header line); write the header {','.join(header)} "
+        "on line 1 and one data row per line below it"
+    )
+
+
+def _csv_text(path: Path, header: Sequence[str]) -> str:
+    """The file's text, decompressed (``.gz``) and decoded as strict UTF-8.
+
+    Decoding here, not inside pandas, is what lets an error name the file's own line and byte
+    offset: pandas decodes in chunks and reports positions relative to the chunk.
+    """
+    raw = path.read_bytes()
+    if path.name.lower().endswith(".gz"):
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as exc:
+            raise _ReadError(
+                f"not a readable gzip file ({exc}); compress it again with gzip"
+            ) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        bad = raw[exc.start : exc.start + 1].hex()
+        raise _ReadError(
+            f"line {line} (byte offset {exc.start}) is not valid UTF-8 (byte 0x{bad}); re-save "
+            f"the file as UTF-8, e.g. iconv -f latin1 -t utf-8 {path.name} > fixed.csv"
+        ) from None
+    if not text.strip():
+        raise _ReadError(_empty_message(header))
+    return text
 
 
 def _first_bad(mask: np.ndarray | pd.Series) -> int:
