@@ -35,6 +35,30 @@ def test_hand_values() -> None:
     assert optimality_gap(np.array([[1.0, 0.5]]), gamma=0.8) == pytest.approx(0.15)
 
 
+# 2 runs x 3 tasks with six distinct values, sorted 0.0 0.2 0.4 0.6 0.9 1.0, so every aggregate
+# has its own answer (X above gives 0.5 for all of them); and a constant 3 x 2 matrix of 0.25.
+Y = np.array([[0.0, 0.2, 0.9], [0.4, 0.6, 1.0]])
+CONST = np.full((3, 2), 0.25)
+EVERY_AGGREGATE = {  # name -> (value on Y, value on CONST)
+    "iqm": ((0.2 + 0.4 + 0.6 + 0.9) / 4, 0.25),  # K = 6, g = 1: drop 0.0 and 1.0
+    "mean": (3.1 / 6, 0.25),
+    "median": ((0.4 + 0.6) / 2, 0.25),
+    "optimality_gap": (1 - 3.1 / 6, 0.75),  # every score <= 1, so the gap is 1 - mean
+}
+
+
+@pytest.mark.parametrize("name", AGGREGATES.names())
+def test_every_aggregate_hand_value(name: str) -> None:
+    on_y, on_const = EVERY_AGGREGATE[name]
+    assert AGGREGATES.get(name)(Y) == pytest.approx(on_y, abs=1e-15)
+    assert AGGREGATES.get(name)(CONST) == pytest.approx(on_const, abs=1e-15)
+
+
+def test_aggregates_are_reported_iqm_first() -> None:
+    # the order of the registry is the order of the report's columns and of the CI draws
+    assert AGGREGATES.names() == ["iqm", "mean", "median", "optimality_gap"]
+
+
 @settings(max_examples=50, deadline=None)
 @given(
     arrays(
@@ -142,7 +166,7 @@ def test_validation_and_registry() -> None:
         mean(np.array([[np.nan]]))
     with pytest.raises(ValueError, match="replicates must be a positive integer"):
         stratified_bootstrap([X], mean, 0, 0)
-    with pytest.raises(ValueError, match="unknown aggregate 'iq'; valid: mean, median, iqm"):
+    with pytest.raises(ValueError, match="unknown aggregate 'iq'; valid: iqm, mean, median"):
         AGGREGATES.get("iq")
     reg: Registry[int] = Registry("thing")
     reg.add("a", 1)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,7 @@ from scipy import stats as sps
 from typer.testing import CliRunner
 
 from factor_cli.cli.stats import app
-from factor_cli.stats import hierarchical_bootstrap, macro_success
+from factor_cli.stats import AGGREGATES, TABLES, hierarchical_bootstrap, macro_success
 
 runner = CliRunner()
 SEEDS = (42, 43, 1337)
@@ -121,8 +123,23 @@ def test_bootstrap_rich_output(data: tuple[Path, pd.DataFrame]) -> None:
 # ----------------------------------------------------------------------------- tests
 
 
-def test_item_tests_json_against_scipy(data: tuple[Path, pd.DataFrame]) -> None:
-    path, df = data
+def with_discordant_pairs(df: pd.DataFrame, env: str, seed: int) -> pd.DataFrame:
+    """A copy where, on (env, seed), FACTOR wins two items and loses one (W, L >= 1 for sure)."""
+    out = df.copy()
+    items = sorted(out.loc[out["env"] == env, "item_id"].unique())[:3]
+    for item, factor in zip(items, (1, 1, 0), strict=True):
+        for method, s in (("FACTOR", factor), ("SERL", 1 - factor)):
+            row = (out["env"] == env) & (out["seed"] == seed) & (out["item_id"] == item)
+            row &= out["method"] == method
+            out.loc[row, ["success", "score"]] = [s, 100.0 * s]
+    return out
+
+
+def test_item_tests_json_against_scipy(data: tuple[Path, pd.DataFrame], tmp_path: Path) -> None:
+    _, base = data
+    df = with_discordant_pairs(base, "webshop", 43)
+    path = tmp_path / "results.csv"
+    df.to_csv(path, index=False)
     code, out, err = invoke(
         "tests",
         "-i",
@@ -143,10 +160,10 @@ def test_item_tests_json_against_scipy(data: tuple[Path, pd.DataFrame]) -> None:
     a, b = rows[rows["method"] == "FACTOR"], rows[rows["method"] == "SERL"]
     sa, sb = a["success"].to_numpy(), b["success"].to_numpy()
     wins, losses = int(((sa == 1) & (sb == 0)).sum()), int(((sa == 0) & (sb == 1)).sum())
+    assert wins >= 2 and losses >= 1  # guaranteed by with_discordant_pairs
     assert (got["wins"], got["losses"]) == (wins, losses)
-    if wins + losses:
-        assert got["mcnemar_exact_p"] == pytest.approx(sps.binomtest(wins, wins + losses).pvalue)
-        assert got["mcnemar_chi2"] == pytest.approx((abs(wins - losses) - 1) ** 2 / (wins + losses))
+    assert got["mcnemar_exact_p"] == pytest.approx(sps.binomtest(wins, wins + losses).pvalue)
+    assert got["mcnemar_chi2"] == pytest.approx((abs(wins - losses) - 1) ** 2 / (wins + losses))
     xa, xb = a["score"].to_numpy(), b["score"].to_numpy()
     want = sps.wilcoxon(
         xa,
@@ -157,8 +174,7 @@ def test_item_tests_json_against_scipy(data: tuple[Path, pd.DataFrame]) -> None:
     assert got["wilcoxon_stat"] == pytest.approx(want.statistic)
     assert got["wilcoxon_p"] == pytest.approx(want.pvalue)
     # one category: the stratified test is the uncorrected McNemar test
-    if wins + losses:
-        assert got["stratified_chi2"] == pytest.approx((wins - losses) ** 2 / (wins + losses))
+    assert got["stratified_chi2"] == pytest.approx((wins - losses) ** 2 / (wins + losses))
     for key in ("mcnemar_p", "stratified_p", "stratified_exact_p"):
         assert 0.0 <= got[key] <= 1.0
 
@@ -222,19 +238,32 @@ def test_aggregate_by_category(data: tuple[Path, pd.DataFrame]) -> None:
 # ----------------------------------------------------------------------------- table
 
 
-@pytest.mark.parametrize("fmt", ["rich", "csv", "markdown", "latex"])
+# format -> what its output must hold besides the method names
+FORMAT_MARKS = {
+    "rich": ["Main results", "alfworld (%)", "±"],
+    "csv": ["Method,pick,look,heat,alfworld (%),alfworld (%) std,webshop (%),webshop (%) std\n"],
+    "markdown": ["| Method | pick | look | heat | alfworld (%) | webshop (%) |", " ± "],
+    "latex": [r"\toprule", r"$\pm$", r"\end{tabular}"],
+}
+
+
+@pytest.mark.parametrize("fmt", FORMAT_MARKS)
 def test_table_main_formats(data: tuple[Path, pd.DataFrame], fmt: str) -> None:
     path, _ = data
     code, out, err = invoke("table", "main", "-i", str(path), "--format", fmt)
     assert code == 0, err
     assert "FACTOR" in out and "SERL" in out
-    if fmt == "csv":
-        header = out.splitlines()[0]
-        assert header == (
-            "Method,pick,look,heat,alfworld (%),alfworld (%) std,webshop (%),webshop (%) std"
-        )
-    if fmt == "latex":
-        assert r"\toprule" in out and r"$\pm$" in out
+    for mark in FORMAT_MARKS[fmt]:
+        assert mark in out, (fmt, mark)
+
+
+def test_table_main_csv_header_is_the_first_line(data: tuple[Path, pd.DataFrame]) -> None:
+    path, _ = data
+    code, out, err = invoke("table", "main", "-i", str(path), "--format", "csv")
+    assert code == 0, err
+    assert out.splitlines()[0] == (
+        "Method,pick,look,heat,alfworld (%),alfworld (%) std,webshop (%),webshop (%) std"
+    )
 
 
 def test_table_ablation_to_file(data: tuple[Path, pd.DataFrame], tmp_path: Path) -> None:
@@ -430,6 +459,8 @@ def test_every_command_has_help() -> None:
         ["aggregate", "--help"],
         ["plot", "--help"],
         ["plot", "curves", "--help"],
+        ["plot", "ablation", "--help"],
+        ["plot", "bootstrap", "--help"],
         ["plot", "profile", "--help"],
     ):
         code, out, err = invoke(*args)
@@ -437,3 +468,134 @@ def test_every_command_has_help() -> None:
         assert "Usage" in out
     code, out, _ = invoke("bootstrap", "--help")
     assert "resamples the training seeds" in out
+
+
+# ----------------------------------------------------------------------------- files and seeds
+
+EMPTY_AND_LATIN1 = {
+    "empty": (b"", "line 1: the file is empty (no header line); write the header"),
+    "blank": (b"\n\n", "line 1: the file is empty (no header line); write the header"),
+    "latin-1": (  # 48 bytes of header line, then 24 before the Latin-1 e-acute 0xe9
+        b"env,method,seed,item_id,category,success,score\nalfworld,FACTOR,42,a1,caf\xe9,1,1\n",
+        "line 2 (byte offset 72) is not valid UTF-8 (byte 0xe9); re-save the file as UTF-8",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", EMPTY_AND_LATIN1)
+def test_empty_or_non_utf8_input_is_one_line_naming_file_and_line(
+    tmp_path: Path, case: str
+) -> None:
+    data, needle = EMPTY_AND_LATIN1[case]
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(data)
+    for args in (
+        ["bootstrap", "-i", str(bad), "-e", "alfworld", "-m", "FACTOR", "-b", "SERL"],
+        ["tests", "-i", str(bad), "-e", "alfworld", "-m", "FACTOR", "-b", "SERL", "-s", "42"],
+        ["aggregate", "-i", str(bad)],
+        ["table", "main", "-i", str(bad)],
+        ["plot", "curves", "--metrics", str(bad), "-o", str(tmp_path / "c.png")],
+    ):
+        code, _, err = invoke(*args)
+        line = one_line_error(code, err)
+        assert line.startswith(f"error: {bad}: {needle}"), (args, line)
+
+
+def test_single_seed_bootstrap_warns_on_stderr(data: tuple[Path, pd.DataFrame]) -> None:
+    path, _ = data
+    args = ["-i", str(path), "-e", "webshop", "-m", "FACTOR", "-b", "SERL", "-r", "200"]
+    code, out, err = invoke("bootstrap", *args, "--where", "seed=43", "--json")
+    assert code == 0, err
+    assert json.loads(out)["per_seed"].keys() == {"43"}  # stdout stays one JSON object
+    (line,) = [ln for ln in err.splitlines() if ln.strip()]
+    assert line.startswith("warning: only one training seed (43) of 'FACTOR' and 'SERL'")
+    assert "ignores seed-to-seed variance" in line
+    code, _, err = invoke("bootstrap", *args)  # three seeds: no warning
+    assert (code, err) == (0, "")
+
+
+# ----------------------------------------------------------------------------- registries
+
+# kind -> (extra study columns of the file, options, exact CSV header)
+TABLE_CLI = {
+    "main": (
+        {},
+        ["--category-env", "none"],
+        "Method,alfworld (%),alfworld (%) std,webshop (%),webshop (%) std",
+    ),
+    "ablation": (
+        {},
+        ["--reference", "SERL"],
+        "Method,alfworld (%),alfworld (%) std,webshop (%),webshop (%) std,Δalfworld,Δwebshop",
+    ),
+    "protocol": (
+        {"reduction": "action-mean"},
+        [],
+        "Reduction,Method,alfworld (%),alfworld (%) std,webshop (%),webshop (%) std",
+    ),
+    "budget": (
+        {"budget": "2x4"},
+        ["-m", "FACTOR", "-b", "SERL"],
+        "B×M,Gain alfworld (pp),Gain webshop (pp)",
+    ),
+    "transfer": (
+        {"backbone": "qwen2.5-7b"},
+        [],
+        "Backbone,Method,alfworld (%),alfworld (%) std,webshop (%),webshop (%) std",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", TABLES.names())
+def test_every_table_kind_from_the_cli(
+    data: tuple[Path, pd.DataFrame], tmp_path: Path, kind: str
+) -> None:
+    _, df = data
+    columns, options, header = TABLE_CLI[kind]
+    path = tmp_path / f"{kind}.csv"
+    df.assign(**columns).to_csv(path, index=False)
+    code, out, err = invoke("table", kind, "-i", str(path), *options, "-f", "csv")
+    assert code == 0, err
+    assert out.splitlines()[0] == header
+
+
+def test_aggregate_json_has_every_aggregate(data: tuple[Path, pd.DataFrame]) -> None:
+    path, _ = data
+    code, out, err = invoke("aggregate", "-i", str(path), "-r", "50", "--json")
+    assert code == 0, err
+    for entry in json.loads(out)["methods"].values():
+        assert list(entry) == ["runs", *AGGREGATES.names()]
+
+
+def _help_text(*args: str) -> str:
+    code, out, err = invoke(*args, "--help")
+    assert code == 0, (args, err)
+    return " ".join(out.replace("│", " ").split())  # rich's box and line wrapping removed
+
+
+def test_help_names_every_table_kind_and_aggregate() -> None:
+    table_help = _help_text("table")
+    for kind in TABLES.names():
+        assert f"{kind} (Table " in table_help
+    aggregate_help = _help_text("aggregate").lower()
+    for name in AGGREGATES.names():
+        assert name.replace("_", " ") in aggregate_help
+
+
+def test_cli_module_imports_no_numeric_library() -> None:
+    """`factor --help` stays fast: numpy, pandas, scipy and matplotlib load inside commands."""
+    code = (
+        "import json, sys, factor_cli.cli.stats\n"
+        "heavy = ('numpy', 'pandas', 'scipy', 'matplotlib')\n"
+        "print(json.dumps([m for m in heavy if m in sys.modules]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
+
+
+def test_paths_with_markup_characters_reach_the_user_unchanged(tmp_path: Path) -> None:
+    odd = tmp_path / "[bold]" / "[" / "bad].csv"  # .../[bold]/[/bad].csv: rich markup if parsed
+    odd.parent.mkdir(parents=True)
+    odd.write_bytes(b"")
+    code, _, err = invoke("table", "main", "-i", str(odd))
+    assert one_line_error(code, err).startswith(f"error: {odd}: line 1: the file is empty")

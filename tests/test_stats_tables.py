@@ -7,9 +7,19 @@ import math
 import pandas as pd
 import pytest
 
-from factor_cli.stats import TABLES, reference_deltas, to_csv, to_latex, to_markdown
+from factor_cli.stats import KINDS, TABLES, reference_deltas, to_csv, to_latex, to_markdown
 from factor_cli.stats.io import validate_results
-from factor_cli.stats.tables import Cell, cell_text, format_number
+from factor_cli.stats.tables import (
+    AUTO,
+    DEFAULT_CATEGORY_ENV,
+    EXPORTS,
+    Cell,
+    TableOptionError,
+    TableRequest,
+    cell_text,
+    format_number,
+    protocol_table,
+)
 
 # Env "alf": categories x (items i1, i2) and y (item i3); env "ws": one category, items w1, w2.
 # successes per (method, seed), in item order i1 i2 i3 | w1 w2:
@@ -58,7 +68,7 @@ def values(table, column: str) -> list[tuple[float | None, float | None, bool]]:
 
 
 def test_main_table_exact_values() -> None:
-    t = TABLES.get("main")(validate_results(results()), category_env="alf")
+    t = TABLES.get("main")(TableRequest(validate_results(results()), category_env="alf"))
     assert t.columns == ("Method", "x", "y", "alf (%)", "ws (%)")
     assert [r[0].text for r in t.rows] == ["A", "B"]
     assert values(t, "x") == [(75.0, None, True), (50.0, None, False)]
@@ -74,7 +84,7 @@ def test_main_table_exact_values() -> None:
 
 
 def test_main_table_markdown_export() -> None:
-    t = TABLES.get("main")(validate_results(results()), category_env="alf")
+    t = TABLES.get("main")(TableRequest(validate_results(results()), category_env="alf"))
     caption = (
         "Main results. Macro success rate (%) per environment, mean ± sample standard deviation "
         "over 2 seeds; alf category columns: mean over seeds. Bold marks the best value per column."
@@ -93,7 +103,7 @@ def test_main_table_markdown_export() -> None:
 
 
 def test_ablation_table_deltas_csv_and_latex() -> None:
-    t = TABLES.get("ablation")(validate_results(results()), reference="A", decimals=2)
+    t = TABLES.get("ablation")(TableRequest(validate_results(results()), reference="A", decimals=2))
     assert t.columns == ("Method", "alf (%)", "ws (%)", "Δalf", "Δws")
     b, a = t.rows[0], t.rows[1]  # reference is listed where it appears: A first
     assert [r[0].text for r in t.rows] == ["A", "B"]
@@ -128,7 +138,7 @@ def test_protocol_and_transfer_bold_rules() -> None:
     g2.loc[mask, "success"] = 1  # B ws: seed 1 -> 0.5, seed 2 -> 1.0 -> mean 75
     frame = pd.concat([base.assign(study="g1"), g2.assign(study="g2")], ignore_index=True)
     frame = validate_results(frame, run_keys=("study",))
-    p = TABLES.get("protocol")(frame, group="study")
+    p = TABLES.get("protocol")(TableRequest(frame, group="study"))
     assert p.columns == ("Study", "Method", "alf (%)", "ws (%)")
     assert [(r[0].text, r[1].text) for r in p.rows] == [
         ("g1", "A"),
@@ -138,7 +148,7 @@ def test_protocol_and_transfer_bold_rules() -> None:
     ]
     # best per env over all rows: ws 75.0 appears for g1/A, g2/A and g2/B
     assert [r[3].bold for r in p.rows] == [True, False, True, True]
-    tr = TABLES.get("transfer")(frame, group="study")
+    tr = TABLES.get("transfer")(TableRequest(frame, group="study"))
     assert [r[3].bold for r in tr.rows] == [True, False, True, True]
     assert [r[2].bold for r in tr.rows] == [True, False, True, False]
     assert "within each study" in tr.caption
@@ -154,7 +164,9 @@ def test_budget_table_gains_and_costs() -> None:
         }
     )
     t = TABLES.get("budget")(
-        validate_results(frame, ("budget",)), method="A", baseline="B", default_budget="2x4"
+        TableRequest(
+            validate_results(frame, ("budget",)), methods=["A"], baseline="B", default_budget="2x4"
+        )
     )
     assert t.columns == ("B×M", "Interact. (×)", "Wall-clock (×)", "Gain alf (pp)", "Gain ws (pp)")
     assert [r[0].text for r in t.rows] == ["1x1", "2x4 (default)"]  # sorted by B*M
@@ -169,28 +181,32 @@ def test_budget_table_gains_and_costs() -> None:
     assert cell_text(t.rows[1][3], t.decimals) == "+0.0"
 
 
+def budget_request(frame: pd.DataFrame, method: str) -> TableRequest:
+    return TableRequest(validate_results(frame, ("budget",)), methods=[method], baseline="B")
+
+
 def test_budget_errors() -> None:
     frame = results({k: {"budget": "2x4", "interactions": "lots"} for k in SUCCESS})
     with pytest.raises(ValueError, match="column 'interactions' must hold numbers"):
-        TABLES.get("budget")(validate_results(frame, ("budget",)), method="A", baseline="B")
+        TABLES.get("budget")(budget_request(frame, "A"))
     varying = results({("A", 1): {"budget": "2x4"}, ("A", 2): {"budget": "2x4"}})
     varying["interactions"] = range(len(varying))
     with pytest.raises(ValueError, match="must be constant within a run"):
-        TABLES.get("budget")(validate_results(varying, ("budget",)), method="A", baseline="B")
+        TABLES.get("budget")(budget_request(varying, "A"))
     with pytest.raises(ValueError, match="method 'C' not found"):
-        TABLES.get("budget")(validate_results(varying, ("budget",)), method="C", baseline="B")
+        TABLES.get("budget")(budget_request(varying, "C"))
 
 
 def test_table_errors_name_the_value() -> None:
     frame = validate_results(results())
     with pytest.raises(ValueError, match="reference method 'Z' not found; present: A, B"):
-        TABLES.get("ablation")(frame, reference="Z")
+        TABLES.get("ablation")(TableRequest(frame, reference="Z"))
     with pytest.raises(ValueError, match="env 'web' not found; present: alf, ws"):
-        TABLES.get("main")(frame, envs=["web"])
+        TABLES.get("main")(TableRequest(frame, envs=["web"]))
     with pytest.raises(ValueError, match="category env 'web' not found"):
-        TABLES.get("main")(frame, category_env="web")
+        TABLES.get("main")(TableRequest(frame, category_env="web"))
     with pytest.raises(ValueError, match="needs a 'reduction' column"):
-        TABLES.get("protocol")(frame)
+        TABLES.get("protocol")(TableRequest(frame))
     with pytest.raises(ValueError, match="unknown table kind 'big'; valid: main, ablation"):
         TABLES.get("big")
 
@@ -199,7 +215,7 @@ def test_one_seed_omits_std_and_missing_cells_show_a_dash() -> None:
     frame = validate_results(results())
     one = frame.loc[frame["seed"] == 1]
     one = one.loc[~((one["method"] == "B") & (one["env"] == "ws"))]
-    t = TABLES.get("main")(one)
+    t = TABLES.get("main")(TableRequest(one))
     assert values(t, "alf (%)") == [(50.0, None, True), (50.0, None, True)]
     assert t.rows[1][2].value is None
     assert cell_text(t.rows[1][2], 1) == "—"
@@ -226,4 +242,98 @@ def test_grouped_table_needs_every_study_value() -> None:
         }
     )
     with pytest.raises(ValueError, match="column 'backbone' is empty in data row 16"):
-        TABLES.get("transfer")(validate_results(frame, ("backbone",)))
+        TABLES.get("transfer")(TableRequest(validate_results(frame, ("backbone",))))
+
+
+# ----------------------------------------------------------------------------- every layout
+
+# One study value per run for every layout: reduction and backbone constant, budget 2x4 for A
+# only (the baseline B has no budget).
+STUDY = {
+    (m, s): {"reduction": "token-mean", "backbone": "qwen", "budget": "2x4" if m == "A" else None}
+    for m, s in SUCCESS
+}
+# kind -> (request options, columns, first-column labels, (column, row, value) hand-checked):
+# A's alf mean is (50 + 75) / 2 = 62.5, B's is 50; ws: A 75, B 25 (see the header comment).
+EVERY_KIND: dict[str, tuple[dict[str, object], tuple[str, ...], list[str], tuple]] = {
+    "main": ({}, ("Method", "alf (%)", "ws (%)"), ["A", "B"], ("alf (%)", 0, 62.5)),
+    "ablation": (
+        {"reference": "A"},
+        ("Method", "alf (%)", "ws (%)", "Δalf", "Δws"),
+        ["A", "B"],
+        ("Δws", 1, -50.0),
+    ),
+    "protocol": (
+        {},
+        ("Reduction", "Method", "alf (%)", "ws (%)"),
+        ["token-mean", "token-mean"],
+        ("ws (%)", 1, 25.0),
+    ),
+    "budget": (
+        {"methods": ["A"], "baseline": "B"},
+        ("B×M", "Gain alf (pp)", "Gain ws (pp)"),
+        ["2x4"],
+        ("Gain ws (pp)", 0, 50.0),
+    ),
+    "transfer": (
+        {},
+        ("Backbone", "Method", "alf (%)", "ws (%)"),
+        ["qwen", "qwen"],
+        ("alf (%)", 0, 62.5),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", TABLES.names())
+def test_every_table_kind_builds_from_one_request_type(kind: str) -> None:
+    options, columns, labels, (column, row, value) = EVERY_KIND[kind]
+    layout = TABLES.get(kind)
+    frame = validate_results(results(STUDY), layout.run_keys())
+    t = layout(TableRequest(frame, **options))
+    assert (t.kind, t.columns) == (kind, columns)
+    assert [r[0].text for r in t.rows] == labels
+    assert t.rows[row][t.columns.index(column)].value == pytest.approx(value)
+    for export in EXPORTS.names():  # every export renders every layout: header + each row
+        lines = EXPORTS.get(export)(t).splitlines()
+        assert len(lines) > len(labels) and all(any(lb in ln for ln in lines) for lb in labels)
+
+
+def test_layout_metadata_and_registries() -> None:
+    assert KINDS == tuple(TABLES.names()) == ("main", "ablation", "protocol", "budget", "transfer")
+    assert EXPORTS.names() == ["csv", "markdown", "latex"]
+    assert [TABLES.get(k).run_keys() for k in KINDS] == [
+        (),
+        (),
+        ("reduction",),
+        ("budget",),
+        ("backbone",),
+    ]
+    assert TABLES.get("transfer").run_keys("model") == ("model",)
+    assert TABLES.get("budget").example("budget") == "2x4"
+    assert TABLES.get("budget").example("label") == "one value per run"
+    assert {TABLES.get(k).paper for k in KINDS} == {f"Table {n}" for n in range(1, 6)}
+
+
+def test_main_table_auto_category_env() -> None:
+    frame = validate_results(results())
+    alfworld = frame.assign(env=frame["env"].replace("alf", "alfworld"))
+    auto = TABLES.get("main")(TableRequest(alfworld, category_env=AUTO))
+    assert auto.columns == ("Method", "x", "y", "alfworld (%)", "ws (%)")
+    assert DEFAULT_CATEGORY_ENV == "alfworld"
+    # without that env, AUTO means no category columns
+    assert TABLES.get("main")(TableRequest(frame, category_env=AUTO)).columns == (
+        "Method",
+        "alf (%)",
+        "ws (%)",
+    )
+
+
+def test_missing_options_are_option_errors() -> None:
+    frame = validate_results(results(STUDY), ("budget",))
+    with pytest.raises(TableOptionError, match="table ablation needs --reference METHOD"):
+        TABLES.get("ablation")(TableRequest(frame))
+    for options in ({}, {"methods": ["A", "B"], "baseline": "B"}, {"methods": ["A"]}):
+        with pytest.raises(TableOptionError, match="table budget needs exactly one --method"):
+            TABLES.get("budget")(TableRequest(frame, **options))
+    with pytest.raises(TableOptionError, match="table protocol needs a study column"):
+        protocol_table(TableRequest(frame))  # the bare builder: no layout fills the default

@@ -10,8 +10,11 @@ Public entry points (N items, S seeds, R replicates, N_runs x M tasks):
     probability_of_improvement(x[..., N, M], y[..., K, M]) -> float | array
     performance_profile(scores[..., N, M], taus[T]) -> array[..., T]
     interval_estimate(scores, statistic, R, rng) -> Estimate        (stratified bootstrap CI)
-    TABLES.get(kind)(results, ...) -> Table; to_markdown / to_latex / to_csv
+    TABLES.get(kind)(TableRequest(results, ...)) -> Table; to_markdown / to_latex / to_csv
     read_results(path) -> DataFrame; paired_runs(results, env, method, baseline) -> [PairedRun]
+
+``factor_cli.stats.report`` holds what each ``factor stats`` command computes (typed requests
+in, frozen reports out); ``factor_cli.stats.plots`` (matplotlib) is imported only on demand.
 """
 
 from .aggregates import (
@@ -56,10 +59,25 @@ from .item_tests import (
     wilcoxon_signed_rank,
 )
 from .metric import category_rates, macro_success, macro_weights, run_metrics, score_matrix
-from .tables import KINDS, TABLES, Cell, Table, reference_deltas, to_csv, to_latex, to_markdown
+from .tables import (
+    EXPORTS,
+    KINDS,
+    TABLES,
+    Cell,
+    Table,
+    TableBuilder,
+    TableLayout,
+    TableOptionError,
+    TableRequest,
+    reference_deltas,
+    to_csv,
+    to_latex,
+    to_markdown,
+)
 
 __all__ = [
     "AGGREGATES",
+    "EXPORTS",
     "KINDS",
     "REQUIRED_COLUMNS",
     "TABLES",
@@ -70,6 +88,10 @@ __all__ = [
     "PairedTests",
     "StratifiedMcNemar",
     "Table",
+    "TableBuilder",
+    "TableLayout",
+    "TableOptionError",
+    "TableRequest",
     "WilcoxonResult",
     "bootstrap_replicates",
     "category_rates",

@@ -25,6 +25,8 @@ from factor_cli.registry import Registry
 from .bootstrap import percentile_interval
 
 Aggregate = Callable[[np.ndarray], "float | np.ndarray"]
+#: The aggregates every report computes, in the order they are reported (IQM first: rliable's
+#: headline statistic). The only list of aggregates: ``factor stats aggregate`` loops over it.
 AGGREGATES: Registry[Aggregate] = Registry("aggregate")
 
 
@@ -43,20 +45,6 @@ def _out(value: np.ndarray) -> float | np.ndarray:
     return float(value) if np.ndim(value) == 0 else value
 
 
-@AGGREGATES.register("mean")
-def mean(scores: ArrayLike) -> float | np.ndarray:
-    """Mean score: (1/(N M)) sum_{n,m} x[n, m]."""
-    x = _scores("scores", scores)
-    return _out(x.mean(axis=(-2, -1)))
-
-
-@AGGREGATES.register("median")
-def median(scores: ArrayLike) -> float | np.ndarray:
-    """Median of the N M scores."""
-    x = _scores("scores", scores)
-    return _out(np.median(x.reshape(*x.shape[:-2], -1), axis=-1))
-
-
 @AGGREGATES.register("iqm")
 def iqm(scores: ArrayLike) -> float | np.ndarray:
     """Interquartile mean: the mean of the N M scores after dropping the lowest and highest 25%.
@@ -69,6 +57,20 @@ def iqm(scores: ArrayLike) -> float | np.ndarray:
     k = flat.shape[-1]
     g = k // 4
     return _out(flat[..., g : k - g].mean(axis=-1))
+
+
+@AGGREGATES.register("mean")
+def mean(scores: ArrayLike) -> float | np.ndarray:
+    """Mean score: (1/(N M)) sum_{n,m} x[n, m]."""
+    x = _scores("scores", scores)
+    return _out(x.mean(axis=(-2, -1)))
+
+
+@AGGREGATES.register("median")
+def median(scores: ArrayLike) -> float | np.ndarray:
+    """Median of the N M scores."""
+    x = _scores("scores", scores)
+    return _out(np.median(x.reshape(*x.shape[:-2], -1), axis=-1))
 
 
 @AGGREGATES.register("optimality_gap")

@@ -14,6 +14,11 @@ Layouts (the paper's numbering):
                  columns when the file has them, and the gain over a baseline in pp per env.
 
 "Best" is decided on the rounded values shown, so ties are all bold.
+
+Every layout has one signature (:class:`TableBuilder`): a :class:`TableRequest` (the validated
+results and the options of every layout) in, a :class:`Table` out. :data:`TABLES` maps the kind
+to its :class:`TableLayout` (builder, paper table, study column); :data:`EXPORTS` maps a text
+format to its exporter.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ import csv
 import io
 import math
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -33,7 +39,6 @@ from factor_cli.registry import Registry
 from .io import shown
 from .metric import category_rates, run_metrics
 
-KINDS: tuple[str, ...] = ("main", "ablation", "protocol", "budget", "transfer")
 STYLES: tuple[str, ...] = ("plain", "markdown", "latex")
 MISSING = "—"
 
@@ -66,7 +71,97 @@ class Table:
     decimals: int = 1
 
 
-TABLES: Registry = Registry("table kind")
+#: ``TableRequest.category_env`` value meaning: DEFAULT_CATEGORY_ENV when the results have it.
+AUTO = "auto"
+#: The environment whose categories the main table shows by default (the paper's Table 1).
+DEFAULT_CATEGORY_ENV = "alfworld"
+
+
+class TableOptionError(ValueError):
+    """A table option is missing or inconsistent: the fix is an option, not the results file."""
+
+
+@dataclass(frozen=True, eq=False)
+class TableRequest:
+    """Everything a table builder reads: the results and the options of every layout.
+
+    A layout reads the fields its docstring names and ignores the others, so one request type
+    serves every entry of :data:`TABLES`.
+
+    Attributes:
+        results: validated item-level results (``validate_results``, with the layout's study
+            column among the run keys).
+        envs: environments to show, in order (None: all, in order of first appearance).
+        methods: methods to show, in order (None: all); budget: exactly one, the method run at
+            several budgets.
+        reference: ablation: the full method the Delta columns compare against.
+        baseline: budget: the method the gains and cost ratios are measured against.
+        category_env: main: the env whose categories get columns; None: none; :data:`AUTO`:
+            :data:`DEFAULT_CATEGORY_ENV` when present, else none.
+        group: protocol / transfer / budget: the study column (None: the layout's default,
+            filled in by :class:`TableLayout`).
+        default_budget: budget: the budget label marked ``(default)``.
+        cost_columns: budget: run-level cost columns shown as ratios when the file has them.
+        decimals: decimals shown.
+    """
+
+    results: pd.DataFrame = field(repr=False)
+    envs: Sequence[str] | None = None
+    methods: Sequence[str] | None = None
+    reference: str | None = None
+    baseline: str | None = None
+    category_env: str | None = None
+    group: str | None = None
+    default_budget: str | None = None
+    cost_columns: Sequence[str] = ("interactions", "wall_clock")
+    decimals: int = 1
+
+
+class TableBuilder(Protocol):
+    """The one signature of every table layout: a request in, a table out."""
+
+    def __call__(self, request: TableRequest) -> Table: ...
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """A registered table kind: its builder, the paper's table, and the run's study column.
+
+    Calling a layout fills ``request.group`` with ``study_column`` when unset, then builds, so a
+    layout is itself a :class:`TableBuilder`.
+
+    Attributes:
+        build: the builder.
+        paper: the paper's table this layout reproduces (e.g. ``Table 1``).
+        study_column: the default study column that is part of a run's identity (None: the
+            layout needs none).
+        study_example: a value of that column, for error messages.
+    """
+
+    build: TableBuilder
+    paper: str
+    study_column: str | None = None
+    study_example: str | None = None
+
+    def __call__(self, request: TableRequest) -> Table:
+        if self.study_column is not None and request.group is None:
+            request = replace(request, group=self.study_column)
+        return self.build(request)
+
+    def run_keys(self, group: str | None = None) -> tuple[str, ...]:
+        """Study columns a results file needs as run keys (``group`` overrides the default)."""
+        if self.study_column is None:
+            return ()
+        return (group or self.study_column,)
+
+    def example(self, column: str) -> str:
+        """An example value of a study column, for the message saying the file lacks it."""
+        if column == self.study_column and self.study_example:
+            return self.study_example
+        return "one value per run"
+
+
+TABLES: Registry[TableLayout] = Registry("table kind")
 
 
 # --------------------------------------------------------------------------- formatting
@@ -278,37 +373,39 @@ def _table(
 # --------------------------------------------------------------------------- builders
 
 
-@TABLES.register("main")
-def main_table(
-    results: pd.DataFrame,
-    envs: Sequence[str] | None = None,
-    methods: Sequence[str] | None = None,
-    category_env: str | None = None,
-    decimals: int = 1,
-) -> Table:
-    """Table 1: per method, category rates of ``category_env`` and M per env (mean ± std).
+def _category_env(request: TableRequest) -> str | None:
+    """The env whose categories get columns: ``request.category_env`` with AUTO resolved."""
+    wanted = request.category_env
+    if wanted == AUTO:
+        return DEFAULT_CATEGORY_ENV if DEFAULT_CATEGORY_ENV in set(request.results["env"]) else None
+    if wanted is not None and wanted not in set(request.results["env"]):
+        present = ", ".join(dict.fromkeys(request.results["env"]))
+        raise ValueError(f"category env {wanted!r} not found; present: {present}")
+    return wanted
 
-    Args:
-        results: validated item-level results.
-        envs, methods: the environments / methods to show, in order (default: all, in order of
-            first appearance).
-        category_env: the environment whose categories get their own columns (None: none).
-        decimals: decimals shown.
+
+def _category_summary(results: pd.DataFrame, env: str | None) -> tuple[list[str], pd.DataFrame]:
+    """(categories of ``env`` in order, mean / std over seeds of each category rate x 100)."""
+    if env is None:
+        return [], pd.DataFrame()
+    rates = category_rates(results.loc[results["env"] == env])
+    categories = [str(c) for c in dict.fromkeys(rates["category"])]
+    return categories, _seed_summary(rates, ["method", "category"], "rate")
+
+
+def main_table(request: TableRequest) -> Table:
+    """Table 1: per method, category rates of one env and M per env (mean ± std).
+
+    Reads ``envs``, ``methods`` (what to show, in order), ``category_env`` (the env whose
+    categories get their own columns: mean over seeds of the category success rate, no std)
+    and ``decimals``.
     """
-    env_list = _ordered(results["env"], envs, "env")
-    method_list = _ordered(results["method"], methods, "method")
-    runs = run_metrics(results)
-    summary = _seed_summary(runs, ["env", "method"])
-    categories: list[str] = []
-    cat_summary = pd.DataFrame()
-    if category_env is not None:
-        if category_env not in set(results["env"]):
-            raise ValueError(
-                f"category env {category_env!r} not found; present: {', '.join(env_list)}"
-            )
-        rates = category_rates(results.loc[results["env"] == category_env])
-        categories = [str(c) for c in dict.fromkeys(rates["category"])]
-        cat_summary = _seed_summary(rates, ["method", "category"], "rate")
+    results, decimals = request.results, request.decimals
+    env_list = _ordered(results["env"], request.envs, "env")
+    method_list = _ordered(results["method"], request.methods, "method")
+    summary = _seed_summary(run_metrics(results), ["env", "method"])
+    category_env = _category_env(request)
+    categories, cat_summary = _category_summary(results, category_env)
     columns = ["Method", *categories, *(f"{e} (%)" for e in env_list)]
     rows: list[list[Cell]] = []
     for m in method_list:
@@ -325,17 +422,20 @@ def main_table(
     return _table("main", "Main results", columns, rows, caption, decimals)
 
 
-@TABLES.register("ablation")
-def ablation_table(
-    results: pd.DataFrame,
-    reference: str,
-    envs: Sequence[str] | None = None,
-    methods: Sequence[str] | None = None,
-    decimals: int = 1,
-) -> Table:
-    """Table 4: M per env (mean ± std) and Delta_env = mean M(method) - mean M(reference), pp."""
-    env_list = _ordered(results["env"], envs, "env")
-    method_list = _ordered(results["method"], methods, "method")
+def ablation_table(request: TableRequest) -> Table:
+    """Table 4: M per env (mean ± std) and Delta_env = mean M(method) - mean M(reference), pp.
+
+    Reads ``reference`` (required), ``envs``, ``methods`` and ``decimals``; the reference row
+    is bold and listed even when ``methods`` omits it.
+    """
+    results, reference, decimals = request.results, request.reference, request.decimals
+    if reference is None:
+        raise TableOptionError(
+            "table ablation needs --reference METHOD (the full method the Δ columns compare "
+            "against)"
+        )
+    env_list = _ordered(results["env"], request.envs, "env")
+    method_list = _ordered(results["method"], request.methods, "method")
     if reference not in set(results["method"]):
         raise ValueError(
             f"reference method {reference!r} not found; present: {', '.join(method_list)}"
@@ -406,16 +506,19 @@ def _group_label(column: str) -> str:
     return column.replace("_", " ").capitalize()
 
 
-def _grouped_table(
-    kind: str,
-    title: str,
-    results: pd.DataFrame,
-    group: str,
-    within_group: bool,
-    envs: Sequence[str] | None,
-    methods: Sequence[str] | None,
-    decimals: int,
-) -> Table:
+def _study_column(kind: str, request: TableRequest) -> str:
+    if request.group is None:
+        raise TableOptionError(
+            f"table {kind} needs a study column (--group-column NAME); build it through "
+            f"TABLES.get({kind!r}), which fills in the default"
+        )
+    return request.group
+
+
+def _grouped_table(kind: str, title: str, request: TableRequest, within_group: bool) -> Table:
+    """One row per (study value, method), M per env; bold: best per env (within each group)."""
+    results, decimals = request.results, request.decimals
+    group = _study_column(kind, request)
     if group not in results.columns:
         raise ValueError(f"the {kind} table needs a {group!r} column; the file has none")
     empty = results[group].isna()
@@ -426,8 +529,8 @@ def _grouped_table(
             f"needs its {group} value"
         )
     frame = results.assign(**{group: results[group].astype(str)})
-    env_list = _ordered(frame["env"], envs, "env")
-    method_list = _ordered(frame["method"], methods, "method")
+    env_list = _ordered(frame["env"], request.envs, "env")
+    method_list = _ordered(frame["method"], request.methods, "method")
     summary = _seed_summary(
         run_metrics(frame, ("env", "method", "seed", group)), ["env", "method", group]
     )
@@ -446,39 +549,23 @@ def _grouped_table(
     return _table(kind, title, columns, rows, caption, decimals)
 
 
-@TABLES.register("protocol")
-def protocol_table(
-    results: pd.DataFrame,
-    group: str = "reduction",
-    envs: Sequence[str] | None = None,
-    methods: Sequence[str] | None = None,
-    decimals: int = 1,
-) -> Table:
-    """Table 2: one row per (``group`` value, method), M per env; bold: best per env."""
-    return _grouped_table(
-        "protocol",
-        f"{_group_label(group)} × method",
-        results,
-        group,
-        False,
-        envs,
-        methods,
-        decimals,
-    )
+def protocol_table(request: TableRequest) -> Table:
+    """Table 2: one row per (``group`` value, method), M per env; bold: best per env.
+
+    Reads ``group`` (the study column, default ``reduction``), ``envs``, ``methods`` and
+    ``decimals``.
+    """
+    group = _study_column("protocol", request)
+    return _grouped_table("protocol", f"{_group_label(group)} × method", request, False)
 
 
-@TABLES.register("transfer")
-def transfer_table(
-    results: pd.DataFrame,
-    group: str = "backbone",
-    envs: Sequence[str] | None = None,
-    methods: Sequence[str] | None = None,
-    decimals: int = 1,
-) -> Table:
-    """Table 3: one row per (backbone, method), M per env; bold: best per env within backbone."""
-    return _grouped_table(
-        "transfer", "Cross-backbone transfer", results, group, True, envs, methods, decimals
-    )
+def transfer_table(request: TableRequest) -> Table:
+    """Table 3: one row per (backbone, method), M per env; bold: best per env within backbone.
+
+    Reads ``group`` (the study column, default ``backbone``), ``envs``, ``methods`` and
+    ``decimals``.
+    """
+    return _grouped_table("transfer", "Cross-backbone transfer", request, True)
 
 
 _BUDGET = re.compile(r"^\s*(\d+)\s*[x×*]\s*(\d+)\s*$", re.IGNORECASE)
@@ -538,34 +625,45 @@ def _run_level(results: pd.DataFrame, column: str, keys: list[str]) -> pd.DataFr
     return spread["min"].rename(column).reset_index()
 
 
-@TABLES.register("budget")
-def budget_table(
-    results: pd.DataFrame,
-    method: str,
-    baseline: str,
-    group: str = "budget",
-    envs: Sequence[str] | None = None,
-    cost_columns: Sequence[str] = ("interactions", "wall_clock"),
-    default_budget: str | None = None,
-    decimals: int = 1,
-) -> Table:
-    """Table 5: per budget of ``method``: cost ratios and gain over ``baseline`` per env (pp).
+def _budget_subjects(request: TableRequest) -> tuple[str, str]:
+    """(method, baseline) of the budget table; both must be set and present in the results."""
+    methods, baseline = request.methods, request.baseline
+    if not methods or len(methods) != 1 or baseline is None:
+        raise TableOptionError(
+            "table budget needs exactly one --method (the method run at several budgets) and "
+            "--baseline METHOD (the method the gains are measured against)"
+        )
+    for name in (methods[0], baseline):
+        if name not in set(request.results["method"]):
+            present = ", ".join(dict.fromkeys(request.results["method"]))
+            raise ValueError(f"method {name!r} not found; present: {present}")
+    return methods[0], baseline
 
-    Gain_env(b) = mean over seeds of M(method at budget b) - mean over seeds of M(baseline).
-    A cost column c (``interactions``, ``wall_clock``; run-level numbers, optional) gives the
-    ratio mean_seeds c(method at b) / mean_seeds c(baseline) per env, averaged over envs.
-    """
+
+def _budget_frame(request: TableRequest, method: str, group: str) -> pd.DataFrame:
+    """The results with the budget column as text; every run of ``method`` must have one."""
+    results = request.results
     if group not in results.columns:
         raise ValueError(f"the budget table needs a {group!r} column (e.g. 2x4); the file has none")
-    for name in (method, baseline):
-        if name not in set(results["method"]):
-            present = ", ".join(dict.fromkeys(results["method"]))
-            raise ValueError(f"method {name!r} not found; present: {present}")
-    ours = results.loc[results["method"] == method]
-    if ours[group].isna().any():
+    if results.loc[results["method"] == method, group].isna().any():
         raise ValueError(f"rows of {method!r} need a {group!r} value (e.g. 2x4); some are empty")
-    frame = results.assign(**{group: results[group].astype(str)})
-    env_list = _ordered(frame["env"], envs, "env")
+    return results.assign(**{group: results[group].astype(str)})
+
+
+def budget_table(request: TableRequest) -> Table:
+    """Table 5: per budget of one method: cost ratios and gain over a baseline per env (pp).
+
+    Gain_env(b) = mean over seeds of M(method at budget b) - mean over seeds of M(baseline).
+    A cost column c (``cost_columns``: run-level numbers, optional) gives the ratio
+    mean_seeds c(method at b) / mean_seeds c(baseline) per env, averaged over envs.
+
+    Reads ``methods`` (exactly one), ``baseline`` (required), ``group`` (the budget column,
+    default ``budget``), ``envs``, ``cost_columns``, ``default_budget`` and ``decimals``.
+    """
+    method, baseline = _budget_subjects(request)
+    group = _study_column("budget", request)
+    frame = _budget_frame(request, method, group)
+    env_list = _ordered(frame["env"], request.envs, "env")
     keys = ["env", "method", "seed", group]
     summary = _seed_summary(run_metrics(frame, keys), ["env", "method", group])
     base = summary.loc[summary["method"] == baseline].groupby("env")["mean"].mean()
@@ -573,7 +671,7 @@ def budget_table(
         if e not in base.index:
             raise ValueError(f"baseline {baseline!r} has no results for env {e!r}")
     budgets = _budget_order(list(dict.fromkeys(frame.loc[frame["method"] == method, group])))
-    costs = [c for c in cost_columns if c in frame.columns]
+    costs = [c for c in request.cost_columns if c in frame.columns]
     cost_runs = {c: _run_level(frame, c, keys) for c in costs}
     cost_label = {"interactions": "Interact. (×)", "wall_clock": "Wall-clock (×)"}
     label = "B×M" if group == "budget" else _group_label(group)
@@ -581,21 +679,17 @@ def budget_table(
     columns = [label, *(cost_label.get(c, f"{c} (×)") for c in costs), *gain_cols]
     rows = []
     for b in budgets:
-        name = f"{b} (default)" if default_budget is not None and b == default_budget else b
-        row = [Cell(text=name)]
+        default = request.default_budget is not None and b == request.default_budget
+        row = [Cell(text=f"{b} (default)" if default else b)]
         for c in costs:
             ratio = _cost_ratio(cost_runs[c], c, env_list, method, baseline, group, b)
             row.append(Cell(value=ratio, decimals=2))
         for e in env_list:
             r = _lookup(summary, env=e, method=method, **{group: b})
-            row.append(
-                Cell(value=float(r["mean"]) - float(base[e]), signed=True)
-                if r is not None
-                else Cell()
-            )
+            gain = None if r is None else float(r["mean"]) - float(base[e])
+            row.append(Cell(value=gain, signed=True) if gain is not None else Cell())
         rows.append(row)
-    first_gain = 1 + len(costs)
-    rows = _bold_best(rows, range(first_gain, len(columns)), decimals, [0] * len(rows))
+    rows = _bold_best(rows, range(1 + len(costs), len(columns)), request.decimals, [0] * len(rows))
     seeds = "/".join(map(str, sorted({int(n) for n in summary["n"]})))
     caption = (
         f"Gain of {method} over {baseline} in macro success (pp) per continuation budget, "
@@ -603,4 +697,21 @@ def budget_table(
         + (f"; cost columns: ratio to {baseline}, averaged over environments" if costs else "")
         + ". Bold marks the largest gain."
     )
-    return _table("budget", "Continuation budget", columns, rows, caption, decimals)
+    return _table("budget", "Continuation budget", columns, rows, caption, request.decimals)
+
+
+# --------------------------------------------------------------------------- registries
+
+# Registered in the order the CLI lists them.
+TABLES.add("main", TableLayout(main_table, "Table 1"))
+TABLES.add("ablation", TableLayout(ablation_table, "Table 4"))
+TABLES.add("protocol", TableLayout(protocol_table, "Table 2", "reduction", "token-mean"))
+TABLES.add("budget", TableLayout(budget_table, "Table 5", "budget", "2x4"))
+TABLES.add("transfer", TableLayout(transfer_table, "Table 3", "backbone", "qwen2.5-7b"))
+KINDS: tuple[str, ...] = tuple(TABLES.names())
+
+#: Text exports of a table, by format name.
+EXPORTS: Registry[Callable[[Table], str]] = Registry("table format")
+EXPORTS.add("csv", to_csv)
+EXPORTS.add("markdown", to_markdown)
+EXPORTS.add("latex", to_latex)
