@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from .dtypes import load_dtype
 from .prompting import ACTION_CLOSE, ACTION_OPEN
 
 if TYPE_CHECKING:  # importing transformers' model classes takes ~10 s: done where they are used
@@ -69,14 +70,6 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
-
-DTYPES: dict[str, torch.dtype | str] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "auto": "auto",  # the dtype stored in the checkpoint's config
-}
-
 
 # -- tiny presets ------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -336,12 +329,6 @@ class Policy:
         return int((text() if text else config).hidden_size)
 
 
-def _resolve_dtype(dtype: str) -> torch.dtype | str:
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
-    return DTYPES[dtype]
-
-
 def _resolve_device(device: str) -> torch.device:
     try:
         dev = torch.device(device)
@@ -387,7 +374,7 @@ def load_policy(path_or_id: str, dtype: str = "float32", device: str = "cpu") ->
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch_dtype = _resolve_dtype(dtype)
+    torch_dtype = load_dtype(dtype)
     dev = _resolve_device(device)
     local = Path(path_or_id).expanduser()
     if local.exists():
