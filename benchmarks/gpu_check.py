@@ -38,7 +38,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from synthetic import synthetic_batch  # noqa: E402  (tests/synthetic.py)
 
 from factor_cli.credit import assign_credit  # noqa: E402
-from factor_cli.policy.generation import HFGenerator, score_replies  # noqa: E402
+from factor_cli.policy.generation.hf import HFGenerator  # noqa: E402
+from factor_cli.policy.generation.scoring import score_replies  # noqa: E402
 from factor_cli.policy.model import init_tiny, load_policy  # noqa: E402
 from factor_cli.train.config import load_config  # noqa: E402
 from factor_cli.train.engine import Engine  # noqa: E402

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from factor_cli.envs.pool import EnvPool
-from factor_cli.policy.generation import HFGenerator
+from factor_cli.policy.generation.hf import HFGenerator
 from factor_cli.policy.model import init_tiny, load_policy
 from factor_cli.policy.prompting import PromptFormat
 from factor_cli.rollout.continuations import run_continuations

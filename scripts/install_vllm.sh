@@ -31,7 +31,7 @@ if [ ! -f "$stamp" ]; then
   for pkg in torchvision torchaudio torchcodec triton; do
     if "$VENV/bin/python" -m pip show -q "$pkg" >/dev/null 2>&1; then pip uninstall -y "$pkg"; fi
   done
-  "$VENV/bin/python" -c "import vllm, transformers.models.llama, factor_cli.policy.vllm_backend" \
+  "$VENV/bin/python" -c "import vllm, transformers.models.llama, factor_cli.policy.generation.vllm" \
     || { echo "[install-vllm] error: vllm does not import in $VENV" >&2; exit 1; }
   rm -f "$VENV"/.factor-vllm-install-*
   touch "$stamp"

@@ -13,18 +13,15 @@ import torch
 from factor_cli.credit import METHODS, assign_credit
 from factor_cli.envs import availability
 from factor_cli.envs.pool import EnvPool
-from factor_cli.policy.generation import (
-    Generation,
-    HFGenerator,
-    RowSeededSampler,
-    score_replies,
-)
+from factor_cli.policy.generation.base import Generation
+from factor_cli.policy.generation.hf import HFGenerator, RowSeededSampler
+from factor_cli.policy.generation.scoring import score_replies
 from factor_cli.policy.model import load_policy
 from factor_cli.policy.prompting import FEEDBACK_HEADER, PromptFormat, extract_action, render
-from factor_cli.policy.teacher import teacher_logprobs, teacher_prompt_texts, turn_views
 from factor_cli.rollout.continuations import run_continuations, select_checkpoints, terminal_target
 from factor_cli.rollout.packing import pack_episodes
 from factor_cli.rollout.runner import RolloutRunner, Start
+from factor_cli.rollout.teacher import teacher_logprobs, teacher_prompt_texts, turn_views
 
 twx_missing = availability("twx")
 pytestmark = pytest.mark.skipif(twx_missing is not None, reason=f"twx: {twx_missing}")

@@ -22,15 +22,18 @@ import pytest
 import torch
 
 from factor_cli.envs import availability
-from factor_cli.policy.generation import BACKENDS, HFGenerator, score_replies, stop_token_ids
-from factor_cli.policy.prompting import ACTION_CLOSE
-from factor_cli.policy.vllm_backend import (
+from factor_cli.policy.generation.backends import BACKENDS
+from factor_cli.policy.generation.base import GenerationBackend, stop_token_ids
+from factor_cli.policy.generation.hf import HFGenerator
+from factor_cli.policy.generation.scoring import score_replies
+from factor_cli.policy.generation.vllm import (
     EXTENSION,
     INSTALL_HINT,
     VLLMGenerator,
     pack_weights,
     unpack_weights,
 )
+from factor_cli.policy.prompting import ACTION_CLOSE
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason=f"vLLM is not installed: {INSTALL_HINT}")
@@ -47,8 +50,19 @@ PROMPTS = [
 
 
 # -- without vLLM ------------------------------------------------------------------------------
-def test_registered_under_vllm() -> None:
-    assert BACKENDS.get("vllm") is VLLMGenerator
+def test_registered_under_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``vllm`` factory imports the backend module when called and passes the limits and
+    the engine options through."""
+    import factor_cli.policy.generation.vllm as module
+
+    calls = []
+    monkeypatch.setattr(module, "VLLMGenerator", lambda *a, **kw: calls.append((a, kw)) or "built")
+    policy = object()
+    out = BACKENDS.get("vllm")(
+        policy, max_new_tokens=8, max_context=64, batch_size=4, enforce_eager=True
+    )
+    assert out == "built"
+    assert calls == [((policy, 8, 64, 4), {"enforce_eager": True})]
 
 
 def test_weights_pack_round_trip() -> None:
@@ -173,6 +187,23 @@ def test_seeds_reproduce_and_groups_differ(engine: VLLMGenerator) -> None:
     b = engine.generate(group, temperature=1.0, seed=3)
     assert [g.token_ids for g in a] == [g.token_ids for g in b]
     assert len({tuple(g.token_ids) for g in a}) > 1  # request i draws with seed + i
+
+
+@needs_vllm
+@needs_twx
+def test_seed_means_seed_plus_i(engine: VLLMGenerator) -> None:
+    """``seed=s`` is ``seeds=[s, s + 1, ...]``, the one meaning of every backend."""
+    group = [PROMPTS[1]] * 4
+    a = engine.generate(group, temperature=1.0, seed=7)
+    b = engine.generate(group, temperature=1.0, seeds=[7, 8, 9, 10])
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+
+
+@needs_vllm
+@needs_twx
+def test_engine_satisfies_the_protocol(engine: VLLMGenerator) -> None:
+    assert isinstance(engine, GenerationBackend)
+    assert engine.limits.max_new_tokens == MAX_NEW and engine.limits.max_context == 512
 
 
 @needs_vllm

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from factor_cli.envs.base import EnvError, Outcome
 from factor_cli.envs.pool import EnvPool
+from factor_cli.policy.generation.base import Generation, GenerationBackend
 from factor_cli.policy.prompting import (
     PromptFormat,
     TurnView,
@@ -107,14 +108,14 @@ class RolloutRunner:
     def __init__(
         self,
         pool: EnvPool,
-        generator: object,
+        generator: GenerationBackend,
         fmt: PromptFormat,
         max_turns: int,
         shard: Shard | None = None,
     ) -> None:
         self.pool, self.generator, self.fmt, self.max_turns = pool, generator, fmt, max_turns
         self.shard = shard
-        self.tokenizer = generator.tokenizer  # type: ignore[attr-defined]
+        self.tokenizer = generator.tokenizer
         self.env_steps = 0
         self.replay_steps = 0
         self.generated_tokens = 0
@@ -225,7 +226,7 @@ class RolloutRunner:
             ]
             prompts = [render(self.fmt, v, self.tokenizer) for v in views]
             seeds = [reply_seed(seed, keys[i], len(eps[i].turns)) for i in active]
-            gens = self.generator.generate(  # type: ignore[attr-defined]
+            gens = self.generator.generate(
                 prompts, temperature=temperature, greedy=greedy, seeds=seeds
             )
             for i, gen in zip(active, gens):
@@ -233,14 +234,13 @@ class RolloutRunner:
             turn += 1
             on_turn(sum(ep.done for ep in eps))
 
-    def _advance(self, slot: int, ep: Episode, gen: object) -> None:
-        g = gen  # a policy.generation.Generation
+    def _advance(self, slot: int, ep: Episode, g: Generation) -> None:
         # Offsets and the action both come from the decode that keeps special tokens, so the
         # character span and the token spans refer to the same string.
-        text, spans = token_char_spans(self.tokenizer, g.token_ids)  # type: ignore[attr-defined]
+        text, spans = token_char_spans(self.tokenizer, g.token_ids)
         span = extract_action(text)
         mask = action_token_mask(spans, span)
-        self.generated_tokens += len(g.token_ids)  # type: ignore[attr-defined]
+        self.generated_tokens += len(g.token_ids)
         try:
             step = self.pool.step(slot, span.text)
         except EnvError as exc:
@@ -252,10 +252,10 @@ class RolloutRunner:
         ep.turns.append(
             Turn(
                 prompt_ids=list(g.prompt_ids),
-                reply_ids=list(g.token_ids),  # type: ignore[attr-defined]
+                reply_ids=list(g.token_ids),
                 logprobs=list(g.logprobs),
                 action_mask=mask,
-                reply_text=g.text,  # type: ignore[attr-defined]
+                reply_text=g.text,
                 action=span.text,
                 observation=ep.observations[-2],
                 feedback=step.observation,
@@ -263,7 +263,7 @@ class RolloutRunner:
                 done=step.done,
                 valid=step.valid,
                 tagged=span.tagged,
-                prompt_truncated=g.prompt_truncated,  # type: ignore[attr-defined]
+                prompt_truncated=g.prompt_truncated,
             )
         )
         limit = ep.start.max_turns or self.max_turns

@@ -21,10 +21,9 @@ import torch
 
 from factor_cli.credit import METHODS, assign_credit, coefficient_deviation, sign_agreement
 from factor_cli.envs.pool import EnvPool
-from factor_cli.policy.generation import BACKENDS
+from factor_cli.policy.generation.backends import BACKENDS
 from factor_cli.policy.model import Policy, init_tiny, load_policy
 from factor_cli.policy.prompting import PromptFormat
-from factor_cli.policy.teacher import teacher_logprobs, teacher_prompt_texts
 from factor_cli.policy.value_head import (
     TargetValueHead,
     ValueHead,
@@ -35,6 +34,7 @@ from factor_cli.policy.value_head import (
 from factor_cli.rollout.continuations import ContinuationResult, run_continuations
 from factor_cli.rollout.packing import pack_episodes
 from factor_cli.rollout.runner import Episode, RolloutRunner, Start
+from factor_cli.rollout.teacher import teacher_logprobs, teacher_prompt_texts
 from factor_cli.rollout.values import continuation_targets, root_values
 
 from . import checkpoint
@@ -263,10 +263,9 @@ class Trainer:
             ),
         )
         self.policy.model.eval()
-        refresh = getattr(self.generator, "refresh", None)
-        if refresh is not None:  # vLLM holds its own copy of the weights: load the new ones
-            with self.engine.full_parameters() as module:
-                refresh(module)
+        # vLLM holds its own copy of the weights and loads the new ones; hf only rebinds.
+        with self.engine.full_parameters() as module:
+            self.generator.refresh(module)
         self.step = k
         dev = coefficient_deviation(credit.weight, rb.batch.action_index, rb.batch.num_actions)
         outcomes = [e.outcome.outcome for e in roots if e.outcome]
@@ -296,7 +295,7 @@ class Trainer:
             **value_metrics,
             **times,
         }
-        gap = getattr(self.generator, "last_logprob_gap", None)
+        gap = self.generator.last_logprob_gap
         if gap is not None:  # vLLM log-probs were re-scored by the trainer model: report the gap
             metrics["vllm_logprob_gap"] = float(gap)
         return StepResult(
@@ -327,4 +326,6 @@ class Trainer:
         return state
 
     def close(self) -> None:
+        """Shut the environments and the generation backend (vLLM's engine processes) down."""
         self.pool.close()
+        self.generator.close()

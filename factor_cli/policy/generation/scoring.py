@@ -1,0 +1,74 @@
+"""Teacher-forced log-prob scoring: one forward pass over prompt + reply.
+
+:func:`score_replies` recomputes what a backend reports while sampling,
+
+    log pi(y_j | x, y_<j) = log softmax(z_j / T)[y_j],
+
+for the trainer (pi_theta and pi_old), the hindsight teacher (x with Phi_t inserted), the value
+head's boundary features, and to check a backend against the trainer's forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Scores:
+    """What :func:`score_replies` computed for a batch of (prompt, reply) pairs."""
+
+    logprobs: list[torch.Tensor]
+    """Per reply, log pi(y_j | x, y_<j) at temperature T, shape [G_i] (carries grad if asked)."""
+    boundary_hidden: torch.Tensor | None
+    """Last-layer hidden state at each prompt's last token (the boundary before the reply),
+    [B, H]."""
+    logits: list[torch.Tensor] | None
+    """Per reply, the next-token logits at each reply position, [G_i, V]."""
+
+
+def score_replies(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    replies: Sequence[Sequence[int]],
+    temperature: float = 1.0,
+    pad_id: int = 0,
+    with_grad: bool = False,
+    return_hidden: bool = False,
+    return_logits: bool = False,
+) -> Scores:
+    """Teacher-forced log-probs of ``replies[i]`` after ``prompts[i]``, one right-padded forward."""
+    seqs = [list(p) + list(r) for p, r in zip(prompts, replies)]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+    device = next(model.parameters()).device
+    ctx = torch.enable_grad() if with_grad else torch.no_grad()
+    with ctx:
+        out = model(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            output_hidden_states=return_hidden,
+        )
+        logits = out.logits.float() / temperature  # [B, W, V]
+        logps, all_logits = [], []
+        for i, (p, r) in enumerate(zip(prompts, replies)):
+            pos = slice(len(p) - 1, len(p) - 1 + len(r))  # logits at t predict token t + 1
+            z = logits[i, pos]
+            target = torch.tensor(list(r), dtype=torch.long, device=z.device)
+            logps.append(F.log_softmax(z, dim=-1).gather(-1, target[:, None]).squeeze(-1))
+            if return_logits:
+                all_logits.append(z)
+        hidden = None
+        if return_hidden:
+            last = torch.tensor([len(p) - 1 for p in prompts], device=device)
+            hidden = out.hidden_states[-1][torch.arange(len(prompts), device=device), last].detach()
+    return Scores(
+        logprobs=logps, boundary_hidden=hidden, logits=all_logits if return_logits else None
+    )

@@ -1,0 +1,78 @@
+"""The hindsight teacher: the policy's own weights with Phi_t in the context, scoring the
+realised reply tokens of recorded episodes with no gradient:
+
+    log pi_T(y_{t,j} | x_t, Phi_t, y_{t,<j})
+
+The teacher prompt is the student prompt of turn t with the feedback block inserted before the
+reply (see ``policy.prompting``); the hindsight gap is Delta_{t,j} = log pi_T - log pi_old.
+It lives beside the rollout runner because it reads :class:`~.runner.Episode` records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from factor_cli.policy.generation.base import Encoded
+from factor_cli.policy.generation.scoring import score_replies
+from factor_cli.policy.prompting import PromptFormat, TurnView, render
+
+from .runner import Episode
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+def turn_views(episode: Episode) -> list[TurnView]:
+    """The student's view before each of the episode's own turns (prefix turns excluded)."""
+    hist = episode.history()
+    offset = len(episode.start.prefix_actions)
+    return [
+        TurnView(episode.task, hist[: offset + t], episode.observations[offset + t])
+        for t in range(len(episode.turns))
+    ]
+
+
+def teacher_prompt_texts(
+    fmt: PromptFormat, tokenizer: PreTrainedTokenizerBase, episodes: Sequence[Episode]
+) -> list[str]:
+    """Teacher prompt of every turn of every episode, in packing order."""
+    return [
+        render(fmt, view, tokenizer, feedback=turn.feedback)
+        for ep in episodes
+        for view, turn in zip(turn_views(ep), ep.turns)
+    ]
+
+
+@torch.no_grad()
+def teacher_logprobs(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    fmt: PromptFormat,
+    episodes: Sequence[Episode],
+    encode: Callable[[Sequence[str]], list[Encoded]],
+    temperature: float = 1.0,
+    batch_size: int = 32,
+) -> list[list[float]]:
+    """Per action (packing order), the teacher log-prob of every reply token.
+
+    ``encode`` tokenizes and truncates prompts exactly as the generation backend did (its
+    :meth:`~factor_cli.policy.generation.base.GenerationBackend.encode`).
+    """
+    texts = teacher_prompt_texts(fmt, tokenizer, episodes)
+    replies = [t.reply_ids for ep in episodes for t in ep.turns]
+    prompts = [ids for ids, _ in encode(texts)]
+    pad = getattr(tokenizer, "pad_token_id", None) or 0
+    out: list[list[float]] = []
+    for lo in range(0, len(prompts), batch_size):
+        sc = score_replies(
+            model,
+            prompts[lo : lo + batch_size],
+            replies[lo : lo + batch_size],
+            temperature=temperature,
+            pad_id=int(pad),
+        )
+        out += [lp.tolist() for lp in sc.logprobs]
+    return out
