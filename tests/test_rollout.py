@@ -20,7 +20,7 @@ from factor_cli.policy.model import load_policy
 from factor_cli.policy.prompting import FEEDBACK_HEADER, PromptFormat, extract_action, render
 from factor_cli.rollout.continuations import run_continuations, select_checkpoints, terminal_target
 from factor_cli.rollout.packing import pack_episodes
-from factor_cli.rollout.runner import RolloutRunner, Start
+from factor_cli.rollout.runner import FailureKind, RolloutRunner, Start
 from factor_cli.rollout.teacher import teacher_logprobs, teacher_prompt_texts, turn_views
 
 twx_missing = availability("twx")
@@ -140,6 +140,33 @@ def test_decoded_action_tokens_equal_executed_text(policy, gen: HFGenerator) -> 
         action_ids = [t for t, m in zip(turn.reply_ids, turn.action_mask) if m]
         assert tok.decode(action_ids).strip() == turn.action
         assert 0 < sum(turn.action_mask) < len(turn.reply_ids)  # reasoning and tags are non-action
+
+
+def test_failures_are_typed(gen: HFGenerator) -> None:
+    """A failed start (unknown instance, diverging replay) and an engine dying mid-episode end
+    their episodes with a typed kind; only the first two count as never started."""
+    with EnvPool("twx", 3) as pool:
+
+        def die(action: str):
+            raise ConnectionResetError("simulated engine death")
+
+        pool[2]._step = die  # type: ignore[method-assign]
+        starts = [
+            Start("coin/999999999"),
+            Start("coin/7", prefix_actions=["look around"], prefix_observations=["not it"]),
+            Start("coin/8"),
+        ]
+        eps = RolloutRunner(pool, gen, FMT, max_turns=3).run(starts, seed=0)
+    assert [ep.error.kind if ep.error else None for ep in eps] == [
+        FailureKind.START,
+        FailureKind.START,
+        FailureKind.ENGINE,
+    ]
+    assert [ep.start_failed for ep in eps] == [True, True, False]
+    assert all(ep.done and not ep.turns for ep in eps)
+    assert str(eps[1].error).startswith("start failed: ") and "diverged" in eps[1].error.message
+    assert str(eps[2].error).startswith("engine failure: ")
+    assert "simulated engine death" in eps[2].error.message
 
 
 def test_action_extraction_rules() -> None:

@@ -133,7 +133,7 @@ def run_continuations(
         checkpoint_of=owner,
         interactions=runner.env_steps - steps0,
         replay_steps=runner.replay_steps - replay0,
-        failed=sum(ep.error is not None and ep.error.startswith("start failed") for ep in conts),
+        failed=sum(ep.start_failed for ep in conts),
     )
 
 

@@ -6,7 +6,8 @@ done and validity, plus every observation, so any intermediate state can be rest
 replay of ``actions[:t]`` checked against ``observations[:t + 1]``).
 
 Episodes may start from a restored state (continuations): their prefix actions and observations
-come from the root episode and also feed the prompt's history window.
+come from the root episode and also feed the prompt's history window. An episode cut short
+records why in :attr:`Episode.error`, typed by :class:`FailureKind`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Protocol
 
 from factor_cli.envs.base import EnvError, Outcome
@@ -60,6 +62,27 @@ class Start:
     max_turns: int | None = None
 
 
+class FailureKind(Enum):
+    """Why an episode was cut short."""
+
+    START = "start failed"
+    """Reset or restore (the replay of a recorded prefix) failed: no turn was played, so a
+    continuation from it yields no value target."""
+    ENGINE = "engine failure"
+    """The environment's engine failed during a step: the episode counts as failed."""
+
+
+@dataclass(frozen=True)
+class EpisodeError:
+    """A failure of one episode: its kind, and the environment's message."""
+
+    kind: FailureKind
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}: {self.message}"
+
+
 @dataclass
 class Episode:
     start: Start
@@ -68,7 +91,7 @@ class Episode:
     """o_0..o_n including the prefix (o_k = reply to action k - 1)."""
     turns: list[Turn] = field(default_factory=list)
     outcome: Outcome | None = None
-    error: str | None = None
+    error: EpisodeError | None = None
     """Why the episode was cut short (engine crash, failed restore); None if it ran normally."""
 
     @property
@@ -78,6 +101,11 @@ class Episode:
     @property
     def done(self) -> bool:
         return self.outcome is not None
+
+    @property
+    def start_failed(self) -> bool:
+        """The episode never started (:attr:`FailureKind.START`)."""
+        return self.error is not None and self.error.kind is FailureKind.START
 
     def history(self) -> list[tuple[str, str]]:
         """(action, observation after it) pairs so far, prefix included."""
@@ -202,7 +230,7 @@ class RolloutRunner:
                 ep.observations = [self.pool.reset(slot, s.instance_id)]
             ep.task = self.pool[slot].task_description()
         except EnvError as exc:
-            ep.error = f"start failed: {exc}"
+            ep.error = EpisodeError(FailureKind.START, str(exc))
             ep.outcome = Outcome(0.0, False, 0.0, 0, 0)
 
     def _run_wave(
@@ -244,7 +272,7 @@ class RolloutRunner:
         try:
             step = self.pool.step(slot, span.text)
         except EnvError as exc:
-            ep.error = f"engine failure: {exc}"
+            ep.error = EpisodeError(FailureKind.ENGINE, str(exc))
             ep.outcome = Outcome(0.0, False, 0.0, 0, len(ep.turns))  # a lost episode counts failed
             return
         self.env_steps += 1

@@ -60,7 +60,7 @@ def continuation_targets(
         k += len(ep.turns)
     rows, targets = [], []
     for c, cont, target in zip(result.checkpoint_of, result.episodes, result.targets):
-        if cont.error is not None and cont.error.startswith("start failed"):
+        if cont.start_failed:
             continue
         cp = result.checkpoints[c]
         rows.append(offsets[cp.episode] + cp.turn)
