@@ -158,6 +158,8 @@ def loss_oracle(logp, logp_old, coef, action_index, reduction, eps) -> float:
         per_tok.append(-min(q * c, min(max(q, 1 - eps), 1 + eps) * c))
     if reduction == "token-mean":
         return sum(per_tok) / len(per_tok)
+    if reduction != "action-mean":
+        raise ValueError(f"no oracle for reduction {reduction!r}")
     acts = segments(action_index.tolist())
     return sum(sum(per_tok[j] for j in toks) / len(toks) for toks in acts.values()) / len(acts)
 
@@ -209,4 +211,56 @@ def gigpo_oracle(
             else:
                 step = ret[a] - mu
             out[a] = float(a_episode[int(traj_index[a])]) + omega * step
+    return out
+
+
+def batch_global_oracle(gap, action_index, credit, eta, tau, d) -> list[float]:
+    """Batch-global norm: one softmax over every token of the batch, omega = L_t rho."""
+    s = [
+        sign(float(credit[a])) * min(max(float(g), -d), d) / tau
+        for g, a in zip(gap.tolist(), action_index.tolist())
+    ]
+    m = max(s)
+    z = sum(math.exp(x - m) for x in s)
+    acts = segments(action_index.tolist())
+    return [
+        (1 - eta) + eta * len(acts[a]) * math.exp(x - m) / z
+        for x, a in zip(s, action_index.tolist())
+    ]
+
+
+def broadcast_oracle(a_seq, traj_index) -> list[float]:
+    """A_t = A^seq_i on every action (GRPO, SERL, Monte-Carlo credit)."""
+    return [float(a_seq[i]) for i in traj_index.tolist()]
+
+
+def uniform_credit_oracle(a_seq, traj_index) -> list[float]:
+    """A_t = A^seq_i / T_i (w/o TAC)."""
+    trajs = segments(traj_index.tolist())
+    return [float(a_seq[i]) / len(trajs[i]) for i in traj_index.tolist()]
+
+
+def kl_oracle(teacher_logits, student_logits) -> float:
+    """1/N_tok sum_j sum_v p_T(v) [log p_T(v) - log p_theta(v)]."""
+    total = 0.0
+    for zt, zs in zip(teacher_logits.tolist(), student_logits.tolist()):
+        lt = [x - max(zt) for x in zt]
+        ls = [x - max(zs) for x in zs]
+        nt = math.log(sum(math.exp(x) for x in lt))
+        ns = math.log(sum(math.exp(x) for x in ls))
+        total += sum(math.exp(a - nt) * ((a - nt) - (b - ns)) for a, b in zip(lt, ls))
+    return total / len(teacher_logits)
+
+
+def terminal_target_oracle(convention, outcome, group, root_outcome, root_group) -> list[float]:
+    """A continuation's outcome on the scale of r_{T-1}: standardised with the root group's
+    mean and population std under group-standardize, unchanged otherwise."""
+    if convention != "group-standardize":
+        return [float(x) for x in outcome]
+    out = []
+    for x, g in zip(outcome.tolist(), group.tolist()):
+        xs = [float(r) for r, h in zip(root_outcome, root_group.tolist()) if h == g]
+        mu = sum(xs) / len(xs)
+        sd = math.sqrt(sum((r - mu) ** 2 for r in xs) / len(xs))
+        out.append(0.0 if sd < 1e-6 else (x - mu) / (sd + 1e-8))
     return out

@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracles import allocation_oracle, random_batch, segments
+from oracles import allocation_oracle, batch_global_oracle, random_batch, segments, serl_oracle
 
 from factor_cli.credit import ALLOCATIONS, CreditConfig, allocation
 from factor_cli.credit.segments import segment_count, segment_mean
@@ -151,3 +151,43 @@ def test_bad_input_names_the_argument(kwargs: dict, message: str) -> None:
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         allocation(**args)
+
+
+def _psi_oracle(gap, action_index, credit, strength, cfg):
+    lo, hi = cfg.psi_bounds
+    return serl_oracle(gap, action_index, credit, strength, lo, hi)
+
+
+# Loop oracle of every allocation; "token-shuffled" is checked as a within-action permutation.
+ALLOCATION_ORACLES = {
+    "per-action": lambda g, a, c, s, cfg: allocation_oracle(g, a, c, s, cfg.tau, cfg.d),
+    "uniform": lambda g, a, c, s, cfg: [1.0] * len(g),
+    "batch-global": lambda g, a, c, s, cfg: batch_global_oracle(g, a, c, s, cfg.tau, cfg.d),
+    "token-shuffled": lambda g, a, c, s, cfg: allocation_oracle(g, a, c, s, cfg.tau, cfg.d),
+    "serl-psi": _psi_oracle,
+}
+PERMUTED = {"token-shuffled"}
+
+
+def test_every_allocation_has_an_oracle() -> None:
+    assert set(ALLOCATION_ORACLES) == set(ALLOCATIONS.names())
+
+
+@pytest.mark.parametrize("name", ALLOCATIONS.names())
+@pytest.mark.parametrize("strength", [0.0, 0.4, 1.0])
+@pytest.mark.parametrize("seed", range(2))
+def test_every_allocation_matches_its_oracle(name: str, strength: float, seed: int) -> None:
+    b = random_batch(seed, max_l=12)
+    cfg = CreditConfig(tau=0.5, d=2.0)
+    gen = torch.Generator().manual_seed(seed)
+    got = ALLOCATIONS.get(name)(b.gap, b.action_index, b.credit, strength, cfg, gen)
+    want = torch.tensor(
+        ALLOCATION_ORACLES[name](b.gap, b.action_index, b.credit, strength, cfg),
+        dtype=torch.float64,
+    )
+    assert bool((got >= 0).all())
+    if name in PERMUTED:  # the oracle's weights, permuted within each action
+        for toks in segments(b.action_index.tolist()).values():
+            assert sorted(got[toks].tolist()) == pytest.approx(sorted(want[toks].tolist()))
+    else:
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)

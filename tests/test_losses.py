@@ -6,9 +6,15 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracles import loss_oracle, random_batch
+from oracles import kl_oracle, loss_oracle, random_batch
 
 from factor_cli.credit import (
+    REDUCTIONS,
+    ActionTokens,
+    DistillTokens,
+    NonActionTokens,
+    Normalizers,
+    action_kl,
     action_surrogate_weight,
     action_surrogates,
     allocation,
@@ -19,7 +25,7 @@ from factor_cli.credit import (
 from factor_cli.credit.segments import segment_count, segment_sum
 
 
-@pytest.mark.parametrize("reduction", ["token-mean", "action-mean"])
+@pytest.mark.parametrize("reduction", REDUCTIONS.names())
 @pytest.mark.parametrize("eps", [0.2, 0.05])
 @pytest.mark.parametrize("seed", range(4))
 def test_policy_loss_matches_loop_oracle(seed: int, reduction: str, eps: float) -> None:
@@ -114,11 +120,98 @@ def test_clipping_cuts_gradient_outside_trust_region() -> None:
     assert float(loss.detach()) == pytest.approx(-(1.2 * 1 + 0.8 * -1) / 2)
 
 
-def test_objective_sums_terms() -> None:
-    a, n, k = torch.tensor(1.0), torch.tensor(0.5), torch.tensor(2.0)
-    obj = objective(a, n, k, kl_coef=0.25)
-    assert float(obj.total) == pytest.approx(2.0)
-    assert float(objective(a).total) == pytest.approx(1.0)
+def _objective_inputs(seed: int) -> tuple[ActionTokens, NonActionTokens, DistillTokens]:
+    """A random batch's action branch, a non-action branch over the same trajectories, and
+    teacher / student logits at the action tokens."""
+    b = random_batch(seed)
+    g = torch.Generator().manual_seed(seed)
+    coef = b.credit[b.action_index] * allocation(b.gap, b.action_index, b.credit, 0.7)
+    action = ActionTokens(b.logp, b.logp_old, coef, b.action_index)
+    n_na = 2 * len(b.lengths_T)
+    na_old = -torch.rand(n_na, generator=g, dtype=torch.float64) * 3
+    non_action = NonActionTokens(
+        na_old + torch.randn(n_na, generator=g, dtype=torch.float64) * 0.3,
+        na_old,
+        torch.arange(n_na) // 2,
+        torch.randn(len(b.lengths_T), generator=g, dtype=torch.float64),
+    )
+    n_tok = b.action_index.numel()
+    distill = DistillTokens(
+        torch.randn(n_tok, 6, generator=g, dtype=torch.float64),
+        torch.randn(n_tok, 6, generator=g, dtype=torch.float64),
+    )
+    return action, non_action, distill
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS.names())
+def test_objective_terms_match_oracles_and_sum(reduction: str) -> None:
+    """L = L_act + L_non-act + lambda_k L^SERL_act, each term against its loop oracle."""
+    action, na, distill = _objective_inputs(11)
+    obj = objective(action, reduction, 0.2, na, distill, kl_coef=0.25)
+    want_act = loss_oracle(
+        action.logp, action.logp_old, action.coef, action.action_index, reduction, 0.2
+    )
+    na_coef = na.a_seq[na.traj_index]
+    want_na = loss_oracle(na.logp, na.logp_old, na_coef, na.traj_index, "token-mean", 0.2)
+    want_kl = kl_oracle(distill.teacher_logits, distill.student_logits)
+    assert float(obj.action) == pytest.approx(want_act, abs=1e-12)
+    assert float(obj.non_action) == pytest.approx(want_na, abs=1e-12)
+    assert float(obj.kl) == pytest.approx(want_kl, rel=1e-6)  # action_kl works in float32
+    total = float(obj.action) + float(obj.non_action) + 0.25 * float(obj.kl)
+    assert float(obj.total) == pytest.approx(total, abs=1e-12)
+    # Absent branches count as 0: the action branch alone is the policy loss.
+    alone = objective(action, reduction)
+    assert float(alone.total) == float(
+        policy_loss(action.logp, action.logp_old, action.coef, action.action_index, reduction)
+    )
+    assert float(alone.non_action) == 0.0 and float(alone.kl) == 0.0
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS.names())
+def test_objective_with_global_normalizers_is_split_invariant(reduction: str) -> None:
+    """Micro-batches (split at action boundaries) normalised by the whole batch's counts sum to
+    the whole batch's objective, every term included: what the trainer relies on."""
+    action, na, distill = _objective_inputs(12)
+    full = objective(action, reduction, 0.2, na, distill, kl_coef=0.3)
+    n_act = int(action.action_index.max()) + 1
+    norm = Normalizers(n_act, action.logp.numel(), na.logp.numel())
+    # Cut at a trajectory boundary, so each trajectory's non-action tokens land in one part.
+    traj_of_action = random_batch(12).traj_index
+    n_traj = int(traj_of_action.max()) + 1
+    cut = int((traj_of_action < n_traj // 3).sum())
+    parts = []
+    for lo, hi in ((0, cut), (cut, n_act)):
+        tok = (action.action_index >= lo) & (action.action_index < hi)
+        trajs = traj_of_action[lo:hi].unique()
+        na_tok = torch.isin(na.traj_index, trajs)
+        parts.append(
+            objective(
+                ActionTokens(
+                    action.logp[tok],
+                    action.logp_old[tok],
+                    action.coef[tok],
+                    action.action_index[tok] - lo,
+                ),
+                reduction,
+                0.2,
+                NonActionTokens(
+                    na.logp[na_tok], na.logp_old[na_tok], na.traj_index[na_tok], na.a_seq
+                ),
+                DistillTokens(distill.teacher_logits[tok], distill.student_logits[tok]),
+                kl_coef=0.3,
+                normalizers=norm,
+            )
+        )
+    # The KL (and so the total) is computed in float32: it agrees to float32 rounding.
+    for term, tol in (("action", 1e-12), ("non_action", 1e-12), ("kl", 1e-6), ("total", 1e-6)):
+        got = sum(float(getattr(p, term)) for p in parts)
+        assert got == pytest.approx(float(getattr(full, term)), abs=tol), term
+
+
+def test_objective_kl_term_is_action_kl() -> None:
+    action, _, distill = _objective_inputs(13)
+    obj = objective(action, distill=distill, kl_coef=0.5)
+    assert float(obj.kl) == float(action_kl(distill.teacher_logits, distill.student_logits))
 
 
 @pytest.mark.parametrize(

@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracles import gae_oracle, n_step_oracle, random_batch, td_oracle
+from oracles import (
+    broadcast_oracle,
+    gae_oracle,
+    gigpo_oracle,
+    n_step_oracle,
+    random_batch,
+    segments,
+    td_oracle,
+    uniform_credit_oracle,
+)
 
-from factor_cli.credit import gae_credit, reverse_discounted_sum, td_action_credit, td_n_step_credit
+from factor_cli.credit import (
+    ESTIMATORS,
+    CreditConfig,
+    CreditInputs,
+    conservation_drift,
+    gae_credit,
+    reverse_discounted_sum,
+    td_action_credit,
+    td_n_step_credit,
+    terminal_rewards,
+)
 from factor_cli.credit.segments import segment_sum
 
 
@@ -155,3 +175,76 @@ def test_monte_carlo_credit_pinned_and_not_conserving() -> None:
     torch.testing.assert_close(credit, torch.tensor([0.5, 0.5, 0.5, -1.0]))
     # Every action gets A^seq: the sum is T_i A^seq_i, a drift of (T_i - 1) A^seq_i.
     torch.testing.assert_close(conservation_drift(credit, traj, a_seq), torch.tensor([1.0, 0.0]))
+
+
+def _consistent_inputs(seed: int) -> CreditInputs:
+    """Estimator inputs as assign_credit builds them: r_t = 0 except r_{T-1} = terminal_i, and
+    A^seq_i = terminal_i - V~(x_0) (so one-step TD telescopes to A^seq_i)."""
+    b = random_batch(seed)
+    terminal = torch.randn(b.v0.numel(), generator=torch.Generator().manual_seed(seed))
+    terminal = terminal.to(torch.float64)
+    return CreditInputs(
+        rewards=terminal_rewards(terminal, b.traj_index),
+        values=b.values,
+        traj_index=b.traj_index,
+        v0=b.v0,
+        a_seq=terminal - b.v0,
+        group_index=b.group_index,
+        state_key=b.state_key,
+    )
+
+
+def _td_args(inp: CreditInputs) -> tuple:
+    return inp.rewards, inp.values, inp.traj_index, inp.v0
+
+
+CFG = CreditConfig()
+# Loop oracle of every estimator; "td-shuffled" is checked as a permutation of "td" below.
+ESTIMATOR_ORACLES = {
+    "td": lambda inp: td_oracle(*_td_args(inp)),
+    "td-3": lambda inp: n_step_oracle(*_td_args(inp), 3),
+    "td-5": lambda inp: n_step_oracle(*_td_args(inp), 5),
+    "gae-0.9": lambda inp: gae_oracle(*_td_args(inp), 0.9),
+    "gae-0.95": lambda inp: gae_oracle(*_td_args(inp), 0.95),
+    "broadcast": lambda inp: broadcast_oracle(inp.a_seq, inp.traj_index),
+    "mc": lambda inp: broadcast_oracle(inp.a_seq, inp.traj_index),
+    "uniform": lambda inp: uniform_credit_oracle(inp.a_seq, inp.traj_index),
+    "td-shuffled": lambda inp: td_oracle(*_td_args(inp)),
+    "gigpo": lambda inp: gigpo_oracle(
+        inp.rewards,
+        inp.traj_index,
+        inp.group_index,
+        inp.state_key,
+        inp.a_seq,
+        CFG.gigpo_gamma,
+        CFG.gigpo_omega,
+        CFG.gigpo_norm,
+    ),
+}
+PERMUTED = {"td-shuffled"}
+
+
+def test_every_estimator_has_an_oracle() -> None:
+    assert set(ESTIMATOR_ORACLES) == set(ESTIMATORS.names())
+
+
+@pytest.mark.parametrize("name", ESTIMATORS.names())
+@pytest.mark.parametrize("seed", range(3))
+def test_every_estimator_matches_its_oracle_and_flags(name: str, seed: int) -> None:
+    """Each registry entry against its loop oracle; its ``conserves`` flag holds exactly (and
+    its absence means drift on this batch); ``uses_values`` iff the value head moves it."""
+    est = ESTIMATORS.get(name)
+    inp = _consistent_inputs(seed)
+    got = est(inp, CFG, torch.Generator().manual_seed(0))
+    want = torch.tensor(ESTIMATOR_ORACLES[name](inp), dtype=torch.float64)
+    if name in PERMUTED:  # the oracle's values, permuted within each trajectory
+        for acts in segments(inp.traj_index.tolist()).values():
+            assert sorted(got[acts].tolist()) == pytest.approx(sorted(want[acts].tolist()))
+        assert not torch.allclose(got, want)
+    else:
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
+    drift = conservation_drift(got, inp.traj_index, inp.a_seq).abs().max()
+    assert (float(drift) < 1e-9) == est.conserves, float(drift)
+    moved = dataclasses.replace(inp, values=inp.values + 1.0)
+    again = est(moved, CFG, torch.Generator().manual_seed(0))
+    assert (not torch.allclose(again, got)) == est.uses_values

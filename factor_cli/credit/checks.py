@@ -92,3 +92,16 @@ def contiguous(name: str, idx: Tensor, num_segments: int) -> None:
             f"{name} is not contiguous: {runs} runs for {num_segments} segments; "
             "pack each trajectory's actions (and each action's tokens) next to each other"
         )
+
+
+def tokens(gap: Tensor, action_index: Tensor, credit: Tensor) -> tuple[Tensor, Tensor]:
+    """Check a token-level tensor gap[N_tok] against its actions (action_index[N_tok] into
+    credit[N_act], every action owning a token); returns (action_index as int64, L[N_act])."""
+    vector("gap", gap)
+    non_empty("gap", gap)
+    vector("credit", credit)
+    non_empty("credit", credit)
+    action_index = index("action_index", action_index, credit.numel(), length=gap.numel())
+    length = torch.bincount(action_index, minlength=credit.numel())
+    every_segment_present("action_index", length, "action")
+    return action_index, length

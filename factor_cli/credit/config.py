@@ -86,3 +86,8 @@ class CreditConfig:
             if is_field and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
                 docs[node.target.id] = str(nxt.value.value)
         return {f.name: docs.get(f.name, "") for f in fields(cls)}
+
+
+DEFAULTS = CreditConfig()
+"""The defaults, for the keyword defaults of the credit functions (``allocation(tau=...)``), so
+each value is written once, in the field above."""

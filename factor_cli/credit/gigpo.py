@@ -1,8 +1,9 @@
 """GiGPO's step-level advantage under our protocol (Feng et al. 2025).
 
 Anchor-state groups collect the actions, across the K trajectories of one group, taken from an
-identical observation (``state_key[N_act]``: equal integers for identical observation text,
-hashed upstream). Within each anchor group the discounted step return
+identical observation (``state_key[N_act]``: equal integers for identical observation text, as
+:func:`anchor_state_keys` assigns them; every packer uses it, so a recorded group and a training
+batch define anchor states the same way). Within each anchor group the discounted step return
 
     R_t = sum_{s >= t} gamma^{s-t} r_s
 
@@ -18,12 +19,33 @@ environment convention's A^seq_i, so GiGPO differs from GRPO only by the step te
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
 from . import checks
+from .config import DEFAULTS
 from .segments import segment_count, segment_mean, segment_sum
 from .tac import reverse_discounted_sum
+
+
+def anchor_state_keys(observations: Sequence[str | None]) -> Tensor:
+    """state_key[N_act]: one integer id per action for the observation before it.
+
+    Two actions get the same id iff their observations are the same text once whitespace is
+    normalised (runs of spaces, tabs and newlines count as one space; leading and trailing
+    whitespace is ignored), so a re-wrapped or re-indented page is still the same state. An
+    unknown observation (None, e.g. a recording without it) gets an id of its own: it is never
+    an anchor state of another action. Ids are dense, in order of first appearance.
+    """
+    table: dict[str | tuple[int], int] = {}
+    keys = []
+    for i, text in enumerate(observations):
+        # An unknown observation is keyed by its position, a tuple no text can equal.
+        key = " ".join(text.split()) if text is not None else (i,)
+        keys.append(table.setdefault(key, len(table)))
+    return torch.tensor(keys, dtype=torch.long)
 
 
 def anchor_groups(group_of_action: Tensor, state_key: Tensor) -> tuple[Tensor, int]:
@@ -39,9 +61,9 @@ def gigpo_advantage(
     group_index: Tensor,
     state_key: Tensor,
     a_episode: Tensor,
-    gamma: float = 0.95,
-    omega: float = 1.0,
-    norm: str = "std",
+    gamma: float = DEFAULTS.gigpo_gamma,
+    omega: float = DEFAULTS.gigpo_omega,
+    norm: str = DEFAULTS.gigpo_norm,
     eps: float = 1e-6,
 ) -> Tensor:
     """GiGPO per-action advantage, shape [N_act].

@@ -25,6 +25,10 @@ from factor_cli.registry import Registry
 
 from . import checks
 from .segments import segment_count, segment_sum
+from .serl import action_kl
+
+PPO_CLIP_EPS = 0.2
+"""PPO's eps (DESIGN section 4): q is clipped to [1 - eps, 1 + eps]."""
 
 Reduction = Callable[[Tensor, Tensor, "float | None"], Tensor]
 REDUCTIONS: Registry[Reduction] = Registry("reduction")
@@ -62,7 +66,7 @@ def _validate(logp: Tensor, logp_old: Tensor, coef: Tensor, action_index: Tensor
 
 
 def clipped_surrogate(
-    logp: Tensor, logp_old: Tensor, coef: Tensor, clip_eps: float = 0.2
+    logp: Tensor, logp_old: Tensor, coef: Tensor, clip_eps: float = PPO_CLIP_EPS
 ) -> Tensor:
     """l_{t,j} = -min(q C, clip(q, 1 - eps, 1 + eps) C), shape [N_tok]."""
     q = torch.exp(logp - logp_old)
@@ -75,7 +79,7 @@ def policy_loss(
     coef: Tensor,
     action_index: Tensor,
     reduction: str = "action-mean",
-    clip_eps: float = 0.2,
+    clip_eps: float = PPO_CLIP_EPS,
     normalizer: float | None = None,
 ) -> Tensor:
     """PPO clipped surrogate to minimise (module docstring), a scalar.
@@ -114,7 +118,7 @@ def non_action_loss(
     logp_old: Tensor,
     token_traj_index: Tensor,
     a_seq: Tensor,
-    clip_eps: float = 0.2,
+    clip_eps: float = PPO_CLIP_EPS,
     normalizer: float | None = None,
 ) -> Tensor:
     """L_non-act: token-mean clipped surrogate over non-action tokens with C = A^seq_i.
@@ -134,6 +138,61 @@ def non_action_loss(
 
 
 @dataclass(frozen=True)
+class ActionTokens:
+    """The action branch's inputs, one entry per executable-action token [N_tok].
+
+    logp carries the gradient (log pi_theta); logp_old is the behaviour log-prob; coef is
+    C_{t,j}; action_index names each token's action, in [0, N_act) of this (micro-)batch.
+    """
+
+    logp: Tensor
+    logp_old: Tensor
+    coef: Tensor
+    action_index: Tensor
+
+
+@dataclass(frozen=True)
+class NonActionTokens:
+    """The non-action branch's inputs: reasoning, tag and formatting tokens [N_na].
+
+    traj_index[N_na] names each token's trajectory, an index into a_seq[N_traj] (A^seq_i).
+    """
+
+    logp: Tensor
+    logp_old: Tensor
+    traj_index: Tensor
+    a_seq: Tensor
+
+
+@dataclass(frozen=True)
+class DistillTokens:
+    """SERL's KL inputs: next-token logits at the action tokens, each [N_tok, V].
+
+    teacher_logits come from the context with Phi_t (detached inside :func:`action_kl`).
+    """
+
+    teacher_logits: Tensor
+    student_logits: Tensor
+
+
+@dataclass(frozen=True)
+class Normalizers:
+    """Global counts of the whole PPO mini-batch; None means this call's own count.
+
+    With gradient accumulation or data-parallel ranks each micro-batch's terms are divided by
+    the mini-batch's counts, so summing the micro-batch objectives gives the mini-batch's
+    (DESIGN section 4: the loss does not depend on how the batch is split).
+    """
+
+    actions: float | None = None
+    """N_act: the action-mean denominator."""
+    action_tokens: float | None = None
+    """N_tok: the token-mean denominator, and the KL's."""
+    non_action_tokens: float | None = None
+    """N_na: the non-action branch's denominator."""
+
+
+@dataclass(frozen=True)
 class Objective:
     """L = L_act + L_non-act + lambda_k L^SERL_act, with each term kept for logging."""
 
@@ -145,20 +204,56 @@ class Objective:
 
 
 def objective(
-    action_loss: Tensor,
-    non_action_loss: Tensor | None = None,
-    kl: Tensor | None = None,
+    action: ActionTokens,
+    reduction: str = "action-mean",
+    clip_eps: float = PPO_CLIP_EPS,
+    non_action: NonActionTokens | None = None,
+    distill: DistillTokens | None = None,
     kl_coef: float = 0.0,
+    normalizers: Normalizers | None = None,
 ) -> Objective:
-    """Combine the three terms; absent terms count as 0.
+    """The training objective (DESIGN section 4), a scalar to minimise, and its terms:
 
-    The non-action branch is :func:`policy_loss` over reasoning / tag / formatting tokens with
-    ``reduction="token-mean"`` and coefficient A^seq_i of the token's trajectory.
+        L = L_act + L_non-act + lambda_k * L^SERL_act
+
+    L_act is :func:`policy_loss` under ``reduction``; L_non-act the token-mean surrogate of
+    :func:`non_action_loss` with C = A^seq_i; L^SERL_act the :func:`action_kl`; lambda_k =
+    ``kl_coef``. An absent branch (no non-action tokens, no teacher) counts as 0.
+
+    Args:
+        action: the action tokens. non_action: the non-action tokens (optional).
+        reduction: a name in ``REDUCTIONS``. clip_eps: PPO's eps > 0.
+        distill: teacher and student logits at the action tokens (optional).
+        kl_coef: lambda_k >= 0.
+        normalizers: the mini-batch's global counts when this is one micro-batch of it.
     """
-    zero = action_loss.new_zeros(())
-    non_action_loss = zero if non_action_loss is None else non_action_loss
-    kl = zero if kl is None else kl
-    total = action_loss + non_action_loss + (kl_coef * kl if kl_coef else zero)
-    return Objective(
-        total=total, action=action_loss, non_action=non_action_loss, kl=kl, kl_coef=kl_coef
+    norm = normalizers or Normalizers()
+    unit = norm.actions if reduction == "action-mean" else norm.action_tokens
+    act = policy_loss(
+        action.logp,
+        action.logp_old,
+        action.coef,
+        action.action_index,
+        reduction,
+        clip_eps,
+        normalizer=unit,
     )
+    zero = act.new_zeros(())
+    na = zero
+    if non_action is not None:
+        na = non_action_loss(
+            non_action.logp,
+            non_action.logp_old,
+            non_action.traj_index,
+            non_action.a_seq,
+            clip_eps,
+            normalizer=norm.non_action_tokens,
+        )
+    kl = zero
+    if distill is not None:
+        kl = action_kl(
+            distill.teacher_logits, distill.student_logits, normalizer=norm.action_tokens
+        )
+    # Summed in this order (absent terms add an exact 0) so every split adds the same floats.
+    total = act + na + (kl_coef * kl if kl_coef else zero)
+    return Objective(total=total, action=act, non_action=na, kl=kl, kl_coef=kl_coef)

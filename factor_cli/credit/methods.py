@@ -15,13 +15,12 @@ from torch import Tensor
 from factor_cli.registry import Registry
 
 from .advantage import CONVENTIONS, terminal_rewards
-from .allocation import ALLOCATIONS
+from .allocations import ALLOCATIONS
 from .batch import PackedBatch
 from .config import CreditConfig
 from .estimators import ESTIMATORS, CreditInputs, uniform_credit
 from .losses import REDUCTIONS
 from .schedules import alpha_schedule, eta_schedule, in_warmup
-from .serl import serl_weights as _registers_serl_psi  # noqa: F401  (adds the serl-psi allocation)
 
 SCHEDULES = ("eta", "alpha", "none")
 

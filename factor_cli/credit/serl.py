@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import checks
-from .allocation import ALLOCATIONS, validate_tokens
+from .config import DEFAULTS
 
 EXP_CLIP = 20.0  # keeps exp() finite before the psi clip; matches SERL's reference constant
 
@@ -25,7 +25,7 @@ def serl_weights(
     action_index: Tensor,
     advantage: Tensor,
     alpha: float,
-    clip: float = 0.2,
+    clip: float = DEFAULTS.psi_clip,
     psi_min: float | None = None,
     psi_max: float | None = None,
     *,
@@ -41,7 +41,7 @@ def serl_weights(
         check: validate the inputs (False only for inputs already validated).
     """
     if check:
-        action_index, _ = validate_tokens(gap, action_index, advantage)
+        action_index, _ = checks.tokens(gap, action_index, advantage)
         alpha = checks.unit_interval("alpha", alpha)
     action_index = action_index.long()
     lo = 1.0 - clip if psi_min is None else psi_min
@@ -51,12 +51,6 @@ def serl_weights(
     signed = torch.sign(advantage)[action_index] * gap
     psi = signed.clamp(-EXP_CLIP, EXP_CLIP).exp().clamp(lo, hi)
     return (1.0 - alpha) + alpha * psi
-
-
-@ALLOCATIONS.register("serl-psi")
-def _serl_psi(gap, action_index, credit, strength, cfg, generator, check=True):
-    lo, hi = cfg.psi_bounds
-    return serl_weights(gap, action_index, credit, strength, cfg.psi_clip, lo, hi, check=check)
 
 
 def action_kl(

@@ -20,25 +20,14 @@ from torch import Tensor
 from factor_cli.registry import Registry
 
 from . import checks
-from .config import CreditConfig
+from .config import DEFAULTS, CreditConfig
 from .segments import permute_within_segments, segment_count, segment_softmax
+from .serl import serl_weights
 
 Allocation = Callable[
     [Tensor, Tensor, Tensor, float, CreditConfig, "torch.Generator | None"], Tensor
 ]
 ALLOCATIONS: Registry[Allocation] = Registry("allocation")
-
-
-def validate_tokens(gap: Tensor, action_index: Tensor, credit: Tensor) -> tuple[Tensor, Tensor]:
-    """Check a token-level tensor against its actions; returns (action_index as int64, L[N_act])."""
-    checks.vector("gap", gap)
-    checks.non_empty("gap", gap)
-    checks.vector("credit", credit)
-    checks.non_empty("credit", credit)
-    action_index = checks.index("action_index", action_index, credit.numel(), length=gap.numel())
-    length = segment_count(action_index, credit.numel())
-    checks.every_segment_present("action_index", length, "action")
-    return action_index, length
 
 
 def hta_scores(gap: Tensor, action_index: Tensor, credit: Tensor, d: float) -> Tensor:
@@ -51,8 +40,8 @@ def allocation(
     action_index: Tensor,
     credit: Tensor,
     eta: float,
-    tau: float = 1.0,
-    d: float = 3.0,
+    tau: float = DEFAULTS.tau,
+    d: float = DEFAULTS.d,
     *,
     check: bool = True,
 ) -> Tensor:
@@ -71,7 +60,7 @@ def allocation(
         check: validate the inputs (False only for inputs already validated).
     """
     if check:
-        action_index, length = validate_tokens(gap, action_index, credit)
+        action_index, length = checks.tokens(gap, action_index, credit)
         eta = checks.unit_interval("eta", eta)
         tau = checks.positive("tau", tau)
         d = checks.positive("d", d, allow_inf=True)
@@ -92,7 +81,7 @@ def _per_action(gap, action_index, credit, strength, cfg, generator, check=True)
 def uniform_allocation(gap, action_index, credit, strength, cfg, generator, check=True):
     """omega_{t,j} = 1 (w/o HTA: eta == 0, the teacher gap is ignored)."""
     if check:
-        validate_tokens(gap, action_index, credit)
+        checks.tokens(gap, action_index, credit)
     return torch.ones_like(gap)
 
 
@@ -105,7 +94,7 @@ def batch_global_allocation(gap, action_index, credit, strength, cfg, generator,
     which no longer preserves the per-action mean.
     """
     if check:
-        action_index, length = validate_tokens(gap, action_index, credit)
+        action_index, length = checks.tokens(gap, action_index, credit)
     else:
         action_index = action_index.long()
         length = segment_count(action_index, credit.numel())
@@ -124,8 +113,16 @@ def token_shuffled_allocation(gap, action_index, credit, strength, cfg, generato
     one action must be contiguous.
     """
     if check:
-        action_index, _ = validate_tokens(gap, action_index, credit)
+        action_index, _ = checks.tokens(gap, action_index, credit)
         checks.contiguous("action_index", action_index, credit.numel())
     action_index = action_index.long()
     perm = permute_within_segments(action_index, generator)
     return allocation(gap[perm], action_index, credit, strength, cfg.tau, cfg.d, check=check)
+
+
+@ALLOCATIONS.register("serl-psi")
+def _serl_psi(gap, action_index, credit, strength, cfg, generator, check=True):
+    """SERL's multipliers w_{t,j} with A = the action's credit (A^seq for SERL, A*_t for
+    TAC+SERL-psi) and alpha_k as the strength."""
+    lo, hi = cfg.psi_bounds
+    return serl_weights(gap, action_index, credit, strength, cfg.psi_clip, lo, hi, check=check)
