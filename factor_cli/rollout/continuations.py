@@ -17,7 +17,6 @@ r_{T-1} (the convention's terminal reward), is one Monte-Carlo target for V(x_t)
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +24,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from .runner import Episode, RolloutRunner, Start
+
+# The one home of the continuation defaults (DESIGN sections 4-5); `continuations.*` in the
+# training config takes its defaults from here.
+BUDGET = 2
+"""B: checkpoints per root trajectory."""
+PER_CHECKPOINT = 4
+"""M: continuations per checkpoint."""
+HORIZON = 15
+"""Maximum further turns of one continuation."""
+TEMPERATURE = 1.0
+"""Sampling temperature of the frozen behaviour policy during continuations."""
 
 
 def select_checkpoints(num_actions: int, budget: int, rng: random.Random) -> list[int]:
@@ -63,34 +73,14 @@ class ContinuationResult:
     """Continuations that could not start (failed restore, engine crash)."""
 
 
-def terminal_target(
-    outcome: float,
-    convention: str,
-    group_stats: tuple[float, float] | None,
-    eps: float = 1e-8,
-    min_std: float = 1e-6,
-) -> float:
-    """A continuation's outcome on the scale of r_{T-1} under ``convention``.
-
-    leave-one-out / raw: r_{T-1} = G, so the target is G. group-standardize: r_{T-1} = A^seq =
-    (G~ - mean_g) / (std_g + eps) with the root group's mean and std (0 when std < min_std).
-    """
-    if convention == "group-standardize":
-        if group_stats is None:
-            raise ValueError("group-standardize targets need the root group's (mean, std)")
-        mean, std = group_stats
-        return 0.0 if std < min_std else (outcome - mean) / (std + eps)
-    return outcome
-
-
 def run_continuations(
     runner: RolloutRunner,
     roots: Sequence[Episode],
     convention: str,
-    budget: int = 2,
-    per_checkpoint: int = 4,
-    horizon: int = 15,
-    temperature: float = 1.0,
+    budget: int = BUDGET,
+    per_checkpoint: int = PER_CHECKPOINT,
+    horizon: int = HORIZON,
+    temperature: float = TEMPERATURE,
     seed: int = 0,
     on_turn: Callable[[int, int], None] | None = None,
 ) -> ContinuationResult:
@@ -121,15 +111,10 @@ def run_continuations(
             owner.append(c)
     steps0, replay0 = runner.env_steps, runner.replay_steps
     conts = runner.run(starts, temperature=temperature, seed=seed, on_turn=on_turn)
-    stats = _group_stats(roots) if convention == "group-standardize" else {}
-    targets = []
-    for ep in conts:
-        value = ep.outcome.outcome if ep.outcome is not None else 0.0
-        targets.append(terminal_target(value, convention, stats.get(ep.start.group)))
     return ContinuationResult(
         checkpoints=checkpoints,
         episodes=conts,
-        targets=targets,
+        targets=continuation_targets(roots, conts, convention),
         checkpoint_of=owner,
         interactions=runner.env_steps - steps0,
         replay_steps=runner.replay_steps - replay0,
@@ -137,13 +122,30 @@ def run_continuations(
     )
 
 
-def _group_stats(roots: Sequence[Episode]) -> dict[int, tuple[float, float]]:
-    """(mean, population std) of the root outcomes G~ of each group."""
-    by: dict[int, list[float]] = {}
-    for ep in roots:
-        by.setdefault(ep.start.group, []).append(ep.outcome.outcome if ep.outcome else 0.0)
-    out = {}
-    for g, xs in by.items():
-        mean = sum(xs) / len(xs)
-        out[g] = (mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs)))
-    return out
+def _outcome(ep: Episode) -> float:
+    """G of an episode; one that never finished (crash, failed restore) counts as 0."""
+    return ep.outcome.outcome if ep.outcome is not None else 0.0
+
+
+def continuation_targets(
+    roots: Sequence[Episode], conts: Sequence[Episode], convention: str
+) -> list[float]:
+    """Each continuation's outcome on the scale of r_{T-1} (``credit.terminal_targets``), with
+    the statistics of its root group where the convention needs them (group-standardize)."""
+    # torch and the credit core load here, not at import: the training config takes its
+    # `continuations.*` defaults from this module and must load without torch.
+    import torch
+
+    from factor_cli.credit import terminal_targets
+
+    if not conts:
+        return []
+    dense = {g: i for i, g in enumerate(sorted({ep.start.group for ep in roots}))}
+    targets = terminal_targets(
+        convention,
+        torch.tensor([_outcome(ep) for ep in conts], dtype=torch.float64),
+        torch.tensor([dense[ep.start.group] for ep in conts]),
+        torch.tensor([_outcome(ep) for ep in roots], dtype=torch.float64),
+        torch.tensor([dense[ep.start.group] for ep in roots]),
+    )
+    return targets.tolist()

@@ -9,13 +9,12 @@ tokens (reasoning, tags, formatting) form the non-action branch.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from factor_cli.credit import PackedBatch
+from factor_cli.credit import PackedBatch, anchor_state_keys
 
 from .runner import Episode
 
@@ -39,11 +38,6 @@ class RolloutBatch:
     """(episode index, turn) of each action."""
 
 
-def _state_id(text: str, table: dict[str, int]) -> int:
-    key = hashlib.sha1(" ".join(text.split()).encode()).hexdigest()
-    return table.setdefault(key, len(table))
-
-
 def effective_mask(mask: Sequence[bool]) -> list[bool]:
     return list(mask) if any(mask) else [True] * len(mask)
 
@@ -65,8 +59,7 @@ def pack_episodes(
     action_index, logp_old, teacher, traj_index = [], [], [], []
     na_logp, na_traj = [], []
     prompts, replies, masks, feedback, where = [], [], [], [], []
-    keys: dict[str, int] = {}
-    state_key = []
+    observations = []
     groups = {g: i for i, g in enumerate(sorted({ep.start.group for ep in episodes}))}
     a = 0
     for e, ep in enumerate(episodes):
@@ -87,7 +80,7 @@ def pack_episodes(
                     na_logp.append(tok_lp)
                     na_traj.append(e)
             traj_index.append(e)
-            state_key.append(_state_id(turn.observation, keys))
+            observations.append(turn.observation)
             prompts.append(turn.prompt_ids)
             replies.append(turn.reply_ids)
             masks.append(mask)
@@ -105,7 +98,7 @@ def pack_episodes(
         convention=convention,
         logp_teacher=torch.tensor(teacher, dtype=dtype) if logp_teacher is not None else None,
         values=values.to(dtype) if values is not None else None,
-        state_key=torch.tensor(state_key),
+        state_key=anchor_state_keys(observations),
     )
     return RolloutBatch(
         batch=batch.validate(),

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from factor_cli.credit import CONVENTIONS, PackedBatch
+from factor_cli.credit import CONVENTIONS, PackedBatch, anchor_state_keys
 
 
 class ActionRecord(BaseModel):
@@ -106,10 +106,6 @@ def pack(group: GroupRecord, dtype: torch.dtype = torch.float64) -> PackedBatch:
     n_tok = [len(a.tokens) for a in actions]
     has_teacher = all(a.logp_teacher is not None for a in actions)
     has_values = all(a.value is not None for t in trajs for a in t.actions[1:])
-    keys: dict[str, int] = {}
-    state_key = [
-        keys.setdefault(a.observation or f"#{i}", len(keys)) for i, a in enumerate(actions)
-    ]
     groups = sorted({t.group for t in trajs})
     dense_group = {g: i for i, g in enumerate(groups)}
 
@@ -129,5 +125,6 @@ def pack(group: GroupRecord, dtype: torch.dtype = torch.float64) -> PackedBatch:
         values=f([a.value if a.value is not None else 0.0 for a in actions])
         if has_values
         else None,
-        state_key=torch.tensor(state_key),
+        # The packer of training batches keys anchor states the same way (one function).
+        state_key=anchor_state_keys([a.observation for a in actions]),
     ).validate()
