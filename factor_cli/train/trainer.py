@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from factor_cli.credit import METHODS, assign_credit, coefficient_deviation, sign_agreement
+from factor_cli.credit import (
+    METHODS,
+    CreditAssignment,
+    assign_credit,
+    coefficient_deviation,
+    sign_agreement,
+)
 from factor_cli.envs.pool import EnvPool
 from factor_cli.policy.generation.backends import BACKENDS
 from factor_cli.policy.model import Policy, init_tiny, load_policy
@@ -32,7 +38,7 @@ from factor_cli.policy.value_head import (
     make_value_optimizer,
 )
 from factor_cli.rollout.continuations import ContinuationResult, run_continuations
-from factor_cli.rollout.packing import pack_episodes
+from factor_cli.rollout.packing import RolloutBatch, pack_episodes
 from factor_cli.rollout.runner import Episode, RolloutRunner, Start
 from factor_cli.rollout.teacher import teacher_logprobs, teacher_prompt_texts
 from factor_cli.rollout.values import continuation_targets, root_values
@@ -42,7 +48,8 @@ from .config import ConfigError, TrainConfig
 from .data import instances, sample_groups
 from .distributed import Ranks
 from .engine import Engine
-from .update import ppo_update
+from .streams import stream_generator, stream_seed
+from .update import UpdateStats, ppo_update
 
 Progress = Callable[[str, int, int], None]
 
@@ -132,7 +139,7 @@ class Trainer:
         return self.runner.run(
             starts,
             cfg.rollout.temperature,
-            seed=cfg.seed * 10_007 + k,
+            seed=stream_seed(cfg.seed, k, "rollout"),
             on_turn=lambda i, n: self.progress("rollout", i, n),
         )
 
@@ -148,7 +155,7 @@ class Trainer:
             c.per_checkpoint,
             c.horizon,
             c.temperature,
-            seed=self.cfg.seed * 20_011 + k,
+            seed=stream_seed(self.cfg.seed, k, "continuations"),
             on_turn=lambda i, n: self.progress("continuations", i, n),
         )
 
@@ -166,7 +173,7 @@ class Trainer:
             x, y = continuation_targets(feats, roots, cont)
             if len(y):
                 self.buffer.add(k, x, y)
-                gen = torch.Generator().manual_seed(self.cfg.seed * 30_011 + k)
+                gen = stream_generator(self.cfg.seed, k, "value")
                 out["value_mse"] = fit_value_head(
                     self.heads.online,
                     self.buffer,
@@ -213,6 +220,36 @@ class Trainer:
             self.cfg.rollout.temperature,
         )
 
+    def phase_credit(self, k: int, rb: RolloutBatch) -> CreditAssignment:
+        """Token coefficients of the method at step k; the shuffled ablations draw from the
+        credit stream, never from the mini-batch order's."""
+        gen = stream_generator(self.cfg.seed, k, "credit")
+        return assign_credit(
+            rb.batch, self.cfg.method, k, self.cfg.credit, self.cfg.reduction, gen
+        )
+
+    def phase_update(
+        self,
+        k: int,
+        rb: RolloutBatch,
+        credit: CreditAssignment,
+        teacher_prompts: list[list[int]] | None,
+    ) -> UpdateStats:
+        """The PPO phase; its mini-batch order comes from a stream of its own, so it is the
+        same for every method at a given seed and step."""
+        self.policy.model.train()
+        stats = ppo_update(
+            self.engine,
+            rb,
+            credit,
+            self.cfg,
+            self.pad_id,
+            teacher_prompts,
+            stream_generator(self.cfg.seed, k, "minibatch"),
+        )
+        self.policy.model.eval()
+        return stats
+
     def _usable(self, roots: list[Episode]) -> list[Episode]:
         """Episodes that can enter the batch. An episode lost before its first action (engine
         crash, failed start) has no action to credit; it is dropped (and counted in
@@ -247,22 +284,12 @@ class Trainer:
         value_metrics = timed("value", lambda: self.phase_value(k, roots, cont))
         teacher = timed("teacher", lambda: self.phase_teacher(roots))
         rb = pack_episodes(roots, self._convention(), values=self._values, logp_teacher=teacher)
-        gen = torch.Generator().manual_seed(self.cfg.seed * 40_009 + k)
-        credit = assign_credit(
-            rb.batch, self.cfg.method, k, self.cfg.credit, self.cfg.reduction, gen
-        )
+        credit = self.phase_credit(k, rb)
         teacher_prompts = None
         if credit.kl_coef > 0:
             texts = teacher_prompt_texts(self.fmt, self.policy.tokenizer, roots)
             teacher_prompts = [ids for ids, _ in self.generator.encode(texts)]
-        self.policy.model.train()
-        stats = timed(
-            "update",
-            lambda: ppo_update(
-                self.engine, rb, credit, self.cfg, self.pad_id, teacher_prompts, gen
-            ),
-        )
-        self.policy.model.eval()
+        stats = timed("update", lambda: self.phase_update(k, rb, credit, teacher_prompts))
         # vLLM holds its own copy of the weights and loads the new ones; hf only rebinds.
         with self.engine.full_parameters() as module:
             self.generator.refresh(module)

@@ -1,20 +1,34 @@
 """The PPO update on a packed rollout batch: L = L_act + L_non-act + lambda_k L^SERL_act.
 
 Actions are split into mini-batches (``optim.minibatches``) and each mini-batch into
-micro-batches of at most ``optim.micro_batch_actions`` actions for the forward passes. Every term
-is normalised by its global count in the mini-batch (actions for action-mean, action tokens for
+micro-batches of at most ``optim.micro_batch_actions`` actions for the forward passes. The loss
+of a micro-batch is ``credit.objective`` itself (the function the credit tests check), with every
+term normalised by its global count in the mini-batch (actions for action-mean, action tokens for
 token-mean and the KL, non-action tokens for the non-action branch), so the split never changes
 the update. Log-probs are recomputed at the rollout temperature, as they were sampled.
+
+One micro-batch is three parts: :func:`gather` (forward passes, then the objective's inputs cut
+out of the packed batch), ``credit.objective`` (the loss) and :func:`padding_step` (the zero-loss
+forward of a rank with nothing left, which keeps ZeRO-3's collectives in step).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from itertools import accumulate
 
 import torch
 
-from factor_cli.credit import CreditAssignment, action_kl, non_action_loss, policy_loss
+from factor_cli.credit import (
+    ActionTokens,
+    CreditAssignment,
+    DistillTokens,
+    NonActionTokens,
+    Normalizers,
+    Objective,
+    objective,
+)
 from factor_cli.policy.generation import score_replies
 from factor_cli.rollout.packing import RolloutBatch
 
@@ -24,6 +38,9 @@ from .engine import Engine
 
 @dataclass
 class UpdateStats:
+    """Statistics of the update: per mini-batch the sums over its micro-batches (and ranks);
+    for the whole PPO phase their mean over the optimiser steps."""
+
     loss: float = 0.0
     action_loss: float = 0.0
     non_action_loss: float = 0.0
@@ -31,6 +48,73 @@ class UpdateStats:
     grad_norm: float = 0.0
     clip_fraction: float = 0.0
     approx_kl: float = 0.0
+
+    def add(self, other: UpdateStats) -> UpdateStats:
+        """Field-wise ``self += other``; returns self."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        return self
+
+    def mean(self, count: int) -> UpdateStats:
+        """Every field divided by ``count`` (at least 1): the average of ``count`` additions."""
+        n = max(count, 1)
+        return UpdateStats(**{f.name: getattr(self, f.name) / n for f in fields(self)})
+
+    def all_reduce(self, device: torch.device) -> UpdateStats:
+        """Sum every field over the data-parallel ranks (a collective); returns the sums."""
+        names = [f.name for f in fields(self)]
+        vec = torch.tensor([getattr(self, n) for n in names], dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(vec)
+        return UpdateStats(**dict(zip(names, vec.tolist())))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each action's pieces sit in the packed rollout batch (computed once per update)."""
+
+    tokens: list[torch.Tensor]
+    """Per action, the positions of its action tokens among the packed tokens."""
+    na_start: list[int]
+    """Per action, the offset of its non-action tokens in ``rb.na_logp_old``."""
+    na_count: list[int]
+    """Per action, how many non-action tokens its reply has."""
+
+    @classmethod
+    def of(cls, rb: RolloutBatch) -> Layout:
+        act_tokens: list[list[int]] = [[] for _ in range(rb.batch.num_actions)]
+        for j, a in enumerate(rb.batch.action_index.tolist()):
+            act_tokens[a].append(j)
+        counts = [sum(1 for m in mask if not m) for mask in rb.action_masks]
+        starts = list(accumulate(counts, initial=0))[:-1]
+        return cls([torch.tensor(t) for t in act_tokens], starts, counts)
+
+
+@dataclass(frozen=True)
+class UpdateContext:
+    """What every mini-batch of one PPO phase shares."""
+
+    engine: Engine
+    rb: RolloutBatch
+    credit: CreditAssignment
+    cfg: TrainConfig
+    pad_id: int
+    teacher_prompts: Sequence[Sequence[int]] | None
+    """Per action, the teacher's prompt ids (context with Phi_t); None without a KL term."""
+    layout: Layout
+
+    @property
+    def with_kl(self) -> bool:
+        """Whether the SERL KL term is computed (a positive lambda_k and teacher prompts)."""
+        return self.credit.kl_coef > 0 and self.teacher_prompts is not None
+
+
+@dataclass(frozen=True)
+class MicroInputs:
+    """The objective's inputs for one micro-batch, on the model's device."""
+
+    action: ActionTokens
+    non_action: NonActionTokens | None
+    distill: DistillTokens | None
 
 
 def _split(n: int, parts: int) -> list[list[int]]:
@@ -47,158 +131,168 @@ def ppo_update(
     teacher_prompts: Sequence[Sequence[int]] | None,
     generator: torch.Generator,
 ) -> UpdateStats:
-    """One PPO phase (``ppo_epochs`` x ``minibatches``); returns averaged statistics."""
-    b = rb.batch
-    n_act = b.num_actions
-    temperature = cfg.rollout.temperature
-    # Per action: the slice of packed action tokens, and its reply's non-action tokens.
-    act_tokens = [[] for _ in range(n_act)]
-    for j, a in enumerate(b.action_index.tolist()):
-        act_tokens[a].append(j)
-    na_offsets, k = [], 0
-    for mask in rb.action_masks:
-        na_offsets.append(k)
-        k += sum(1 for m in mask if not m)
-    stats, n_updates = UpdateStats(), 0
+    """One PPO phase (``ppo_epochs`` x ``minibatches``); returns averaged statistics.
+
+    ``generator`` draws the mini-batch permutation of each epoch and nothing else: the trainer
+    gives it a stream of its own, so the order does not depend on the method's other draws.
+    """
+    ctx = UpdateContext(engine, rb, credit, cfg, pad_id, teacher_prompts, Layout.of(rb))
+    n_act = rb.batch.num_actions
+    total, n_updates = UpdateStats(), 0
     for _ in range(cfg.optim.ppo_epochs):
         order = torch.randperm(n_act, generator=generator).tolist()
         for mb in _split(n_act, cfg.optim.minibatches):
-            actions = [order[i] for i in mb]
-            s = _minibatch(
-                engine,
-                rb,
-                credit,
-                cfg,
-                pad_id,
-                teacher_prompts,
-                actions,
-                act_tokens,
-                na_offsets,
-                temperature,
-            )
-            for f in ("loss", "action_loss", "non_action_loss", "kl", "clip_fraction", "approx_kl"):
-                setattr(stats, f, getattr(stats, f) + getattr(s, f))
-            stats.grad_norm += engine.step()
+            stats = minibatch_step(ctx, [order[i] for i in mb])
+            stats.grad_norm = engine.step()
+            total.add(stats)
             n_updates += 1
-    for f in (
-        "loss",
-        "action_loss",
-        "non_action_loss",
-        "kl",
-        "grad_norm",
-        "clip_fraction",
-        "approx_kl",
-    ):
-        setattr(stats, f, getattr(stats, f) / max(n_updates, 1))
-    return stats
+    return total.mean(n_updates)
 
 
-def _minibatch(
-    engine, rb, credit, cfg, pad_id, teacher_prompts, actions, act_tokens, na_offsets, temperature
-) -> UpdateStats:
-    b = rb.batch
-    n_tok = sum(len(act_tokens[a]) for a in actions)
-    n_na = sum(sum(1 for m in rb.action_masks[a] if not m) for a in actions)
-    unit = len(actions) if credit.reduction == "action-mean" else n_tok
-    # Data parallel: every rank holds the whole rollout batch and takes its share of the
-    # mini-batch; the counts above stay global and DeepSpeed sums the ranks' gradients.
-    mine = actions[engine.rank :: engine.world_size]
-    size = cfg.optim.micro_batch_actions
-    # Every rank runs the same number of micro-batches (from the largest share), padding with
-    # empty ones: ZeRO-3 gathers weights in each forward, a collective all ranks must join.
-    share = -(-len(actions) // engine.world_size)
+def normalizers(ctx: UpdateContext, actions: Sequence[int]) -> Normalizers:
+    """The mini-batch's global counts: N_act, N_tok (action tokens) and N_na."""
+    return Normalizers(
+        actions=len(actions),
+        action_tokens=sum(len(ctx.layout.tokens[a]) for a in actions),
+        non_action_tokens=sum(ctx.layout.na_count[a] for a in actions),
+    )
+
+
+def micro_batches(actions: Sequence[int], rank: int, world: int, size: int) -> list[list[int]]:
+    """This rank's micro-batches of a mini-batch, padded with empty ones to the common count.
+
+    Data parallel: every rank holds the whole rollout batch and takes its share (every
+    ``world``-th action); DeepSpeed sums the ranks' gradients. Every rank runs as many
+    micro-batches as the largest share needs: ZeRO-3 gathers weights in each forward, a
+    collective all ranks must join.
+    """
+    mine = list(actions[rank::world])
+    share = -(-len(actions) // world)
     n_micro = max(1, -(-share // size))
-    micro = [mine[i * size : (i + 1) * size] for i in range(n_micro)]
+    return [mine[i * size : (i + 1) * size] for i in range(n_micro)]
+
+
+def minibatch_step(ctx: UpdateContext, actions: Sequence[int]) -> UpdateStats:
+    """Forward and backward every micro-batch of one mini-batch (no optimiser step)."""
+    engine, optim = ctx.engine, ctx.cfg.optim
+    norm = normalizers(ctx, actions)
+    micro = micro_batches(actions, engine.rank, engine.world_size, optim.micro_batch_actions)
     out = UpdateStats()
-    clipped = 0.0
     for m, acts in enumerate(micro):
+        boundary = m == len(micro) - 1
         if not acts:  # nothing here for this rank: a zero-loss forward keeps it in step
-            dummy = score_replies(engine.model, [[pad_id]], [[pad_id]], 1.0, pad_id, True)
-            if credit.kl_coef > 0 and teacher_prompts is not None:  # the teacher's forward too
-                score_replies(engine.module, [[pad_id]], [[pad_id]], 1.0, pad_id)
-            engine.backward(dummy.logprobs[0].sum() * 0.0, boundary=m == len(micro) - 1)
+            padding_step(ctx, boundary)
             continue
-        sc = score_replies(
-            engine.model,
-            [rb.prompts[a] for a in acts],
-            [rb.replies[a] for a in acts],
-            temperature,
-            pad_id,
-            with_grad=True,
-            return_logits=credit.kl_coef > 0,
+        inputs = gather(ctx, acts)
+        obj = objective(
+            inputs.action,
+            ctx.credit.reduction,
+            optim.clip_eps,
+            inputs.non_action,
+            inputs.distill,
+            ctx.credit.kl_coef,
+            norm,
         )
-        logp, logp_old, coef, index, na_new, na_old, na_traj = [], [], [], [], [], [], []
-        student_logits = []
-        for local, (a, lp) in enumerate(zip(acts, sc.logprobs)):
-            mask = torch.tensor(rb.action_masks[a], device=lp.device)
-            logp.append(lp[mask])
-            idx = torch.tensor(act_tokens[a])
-            logp_old.append(b.logp_old[idx])
-            coef.append(credit.coef[idx])
-            index.append(torch.full((len(idx),), local, dtype=torch.long))
-            if (~mask).any():
-                na_new.append(lp[~mask])
-                lo = na_offsets[a]
-                na_old.append(rb.na_logp_old[lo : lo + int((~mask).sum())])
-                na_traj.append(
-                    torch.full((int((~mask).sum()),), int(b.traj_index[a]), dtype=torch.long)
-                )
-            if sc.logits is not None:
-                student_logits.append(sc.logits[local][mask])
-        # The batch lives on the CPU; the scores on the model's device (and in its float type).
-        logp_t = torch.cat(logp)
-        dev = logp_t.device
-        logp_old_t = torch.cat(logp_old).to(logp_t)
-        act_loss = policy_loss(
-            logp_t,
-            logp_old_t,
-            torch.cat(coef).to(logp_t),
-            torch.cat(index).to(dev),
-            credit.reduction,
-            cfg.optim.clip_eps,
-            normalizer=unit,
-        )
-        loss = act_loss
-        if na_new:
-            na = non_action_loss(
-                torch.cat(na_new),
-                torch.cat(na_old).to(logp_t),
-                torch.cat(na_traj).to(dev),
-                credit.a_seq.to(logp_t),
-                cfg.optim.clip_eps,
-                normalizer=max(n_na, 1),
-            )
-            loss = loss + na
-            out.non_action_loss += float(na.detach())
-        if credit.kl_coef > 0 and teacher_prompts is not None:
-            with torch.no_grad():
-                tsc = score_replies(
-                    engine.module,
-                    [teacher_prompts[a] for a in acts],
-                    [rb.replies[a] for a in acts],
-                    temperature,
-                    pad_id,
-                    return_logits=True,
-                )
-            t_logits = torch.cat(
-                [z[torch.tensor(rb.action_masks[a], device=dev)] for z, a in zip(tsc.logits, acts)]
-            )
-            kl = action_kl(t_logits, torch.cat(student_logits), normalizer=n_tok)
-            loss = loss + credit.kl_coef * kl
-            out.kl += float(kl.detach())
-        engine.backward(loss, boundary=m == len(micro) - 1)
-        ratio = torch.exp(logp_t.detach() - logp_old_t)
-        clipped += float(((ratio - 1).abs() > cfg.optim.clip_eps).float().sum())
-        out.approx_kl += float((logp_old_t - logp_t.detach()).sum()) / max(n_tok, 1)
-        out.action_loss += float(act_loss.detach())
-        out.loss += float(loss.detach())
-    out.clip_fraction = clipped / max(n_tok, 1)
+        engine.backward(obj.total, boundary=boundary)
+        out.add(micro_stats(obj, inputs.action, optim.clip_eps, norm))
     if engine.world_size > 1:  # each rank saw a share: the statistics are their sums
-        fields = ("loss", "action_loss", "non_action_loss", "kl", "clip_fraction", "approx_kl")
         # On the module's device: NCCL reduces CUDA tensors only, gloo takes CPU ones.
-        device = next(engine.module.parameters()).device
-        vec = torch.tensor([getattr(out, f) for f in fields], dtype=torch.float64, device=device)
-        torch.distributed.all_reduce(vec)
-        for f, v in zip(fields, vec.tolist()):
-            setattr(out, f, v)
+        out = out.all_reduce(next(engine.module.parameters()).device)
     return out
+
+
+def gather(ctx: UpdateContext, acts: Sequence[int]) -> MicroInputs:
+    """Score the micro-batch's replies (with gradient; the teacher's without) and cut the
+    objective's inputs out of the packed batch. The packed batch lives on the CPU, the scores
+    on the model's device and in its float type: the inputs follow the scores."""
+    rb, credit, layout = ctx.rb, ctx.credit, ctx.layout
+    temperature = ctx.cfg.rollout.temperature
+    sc = score_replies(
+        ctx.engine.model,
+        [rb.prompts[a] for a in acts],
+        [rb.replies[a] for a in acts],
+        temperature,
+        ctx.pad_id,
+        with_grad=True,
+        return_logits=ctx.with_kl,
+    )
+    logp, logp_old, coef, index, na_new, na_old, na_traj, student = [], [], [], [], [], [], [], []
+    for local, (a, lp) in enumerate(zip(acts, sc.logprobs)):
+        mask = torch.tensor(rb.action_masks[a], device=lp.device)
+        idx = layout.tokens[a]
+        logp.append(lp[mask])
+        logp_old.append(rb.batch.logp_old[idx])
+        coef.append(credit.coef[idx])
+        index.append(torch.full((len(idx),), local, dtype=torch.long))
+        if layout.na_count[a]:
+            lo, n = layout.na_start[a], layout.na_count[a]
+            na_new.append(lp[~mask])
+            na_old.append(rb.na_logp_old[lo : lo + n])
+            na_traj.append(torch.full((n,), int(rb.batch.traj_index[a]), dtype=torch.long))
+        if sc.logits is not None:
+            student.append(sc.logits[local][mask])
+    logp_t = torch.cat(logp)
+    dev = logp_t.device
+    action = ActionTokens(
+        logp_t,
+        torch.cat(logp_old).to(logp_t),
+        torch.cat(coef).to(logp_t),
+        torch.cat(index).to(dev),
+    )
+    non_action = None
+    if na_new:
+        non_action = NonActionTokens(
+            torch.cat(na_new),
+            torch.cat(na_old).to(logp_t),
+            torch.cat(na_traj).to(dev),
+            credit.a_seq.to(logp_t),
+        )
+    distill = None
+    if ctx.with_kl:
+        distill = DistillTokens(_teacher_logits(ctx, acts, dev), torch.cat(student))
+    return MicroInputs(action, non_action, distill)
+
+
+@torch.no_grad()
+def _teacher_logits(ctx: UpdateContext, acts: Sequence[int], dev: torch.device) -> torch.Tensor:
+    """The teacher's next-token logits at the action tokens, [N_tok, V] (no gradient)."""
+    rb = ctx.rb
+    tsc = score_replies(
+        ctx.engine.module,
+        [ctx.teacher_prompts[a] for a in acts],  # type: ignore[index]  (with_kl: not None)
+        [rb.replies[a] for a in acts],
+        ctx.cfg.rollout.temperature,
+        ctx.pad_id,
+        return_logits=True,
+    )
+    return torch.cat(
+        [z[torch.tensor(rb.action_masks[a], device=dev)] for z, a in zip(tsc.logits, acts)]
+    )
+
+
+def padding_step(ctx: UpdateContext, boundary: bool) -> None:
+    """A zero-loss forward and backward on one pad token (and the teacher's forward when the
+    KL term runs): a rank whose share is used up still joins every ZeRO-3 gather."""
+    pad = [[ctx.pad_id]]
+    dummy = score_replies(ctx.engine.model, pad, pad, 1.0, ctx.pad_id, True)
+    if ctx.with_kl:
+        score_replies(ctx.engine.module, pad, pad, 1.0, ctx.pad_id)
+    ctx.engine.backward(dummy.logprobs[0].sum() * 0.0, boundary=boundary)
+
+
+def micro_stats(
+    obj: Objective, action: ActionTokens, clip_eps: float, norm: Normalizers
+) -> UpdateStats:
+    """One micro-batch's share of the mini-batch statistics (fractions of the global N_tok)."""
+    n_tok = max(norm.action_tokens or 0, 1)
+    logp = action.logp.detach()
+    ratio = torch.exp(logp - action.logp_old)
+    clipped = float(((ratio - 1).abs() > clip_eps).float().sum())
+    return UpdateStats(
+        loss=float(obj.total.detach()),
+        action_loss=float(obj.action.detach()),
+        non_action_loss=float(obj.non_action.detach()),
+        kl=float(obj.kl.detach()),
+        clip_fraction=clipped / n_tok,
+        approx_kl=float((action.logp_old - logp).sum()) / n_tok,
+    )
