@@ -10,7 +10,7 @@ before action t), shape [N, H]. The head never trains the backbone: features ent
 Credit uses the target head. Targets G_n are continuation outcomes on the same scale as
 r_{T-1}; the replay buffer pools those of the current and previous 9 training steps. Features
 are stored as computed at collection time (under the weights of that step), not recomputed
-under later weights.
+under later weights. Defaults come from :mod:`.value_defaults`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-VALUE_TAU = 0.995
-VALUE_LR = 1e-4
+from .value_defaults import (
+    VALUE_BATCH_SIZE,
+    VALUE_EPOCHS,
+    VALUE_HIDDEN,
+    VALUE_LR,
+    VALUE_REPLAY_STEPS,
+    VALUE_TAU,
+)
 
 
 class ValueHead(nn.Module):
@@ -33,7 +39,7 @@ class ValueHead(nn.Module):
     Parameters are float32 whatever the backbone's dtype; features are detached and cast.
     """
 
-    def __init__(self, input_size: int, hidden_size: int = 1024) -> None:
+    def __init__(self, input_size: int, hidden_size: int = VALUE_HIDDEN) -> None:
         super().__init__()
         if input_size < 1 or hidden_size < 1:
             raise ValueError(
@@ -142,7 +148,7 @@ class ValueReplayBuffer:
     float32, on the CPU, as computed at collection time.
     """
 
-    def __init__(self, max_steps: int = 10) -> None:
+    def __init__(self, max_steps: int = VALUE_REPLAY_STEPS) -> None:
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         self.max_steps = max_steps
@@ -232,8 +238,8 @@ def fit_value_head(
     head: ValueHead,
     buffer: ValueReplayBuffer,
     optimizer: torch.optim.Optimizer,
-    epochs: int = 1,
-    batch_size: int = 256,
+    epochs: int = VALUE_EPOCHS,
+    batch_size: int = VALUE_BATCH_SIZE,
     generator: torch.Generator | None = None,
 ) -> float:
     """``epochs`` passes of shuffled mini-batch MSE regression of V_phi(x_n) on G_n over the

@@ -17,6 +17,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from factor_cli.credit import METHODS, REDUCTIONS, CreditConfig
+from factor_cli.policy import value_defaults
+from factor_cli.rollout import continuations
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parents[2] / "experiments"
 
@@ -64,19 +66,39 @@ class RolloutConfig(Strict):
 
 
 class ContinuationConfig(Strict):
-    budget: int = Field(2, ge=1, description="B: checkpoints per root trajectory.")
-    per_checkpoint: int = Field(4, ge=1, description="M: continuations per checkpoint.")
-    horizon: int = Field(15, ge=1, description="Maximum continuation turns.")
-    temperature: float = Field(1.0, gt=0, description="Continuation sampling temperature.")
+    """Defaults from :mod:`factor_cli.rollout.continuations`, their one home."""
+
+    budget: int = Field(
+        continuations.BUDGET, ge=1, description="B: checkpoints per root trajectory."
+    )
+    per_checkpoint: int = Field(
+        continuations.PER_CHECKPOINT, ge=1, description="M: continuations per checkpoint."
+    )
+    horizon: int = Field(continuations.HORIZON, ge=1, description="Maximum continuation turns.")
+    temperature: float = Field(
+        continuations.TEMPERATURE, gt=0, description="Continuation sampling temperature."
+    )
 
 
 class ValueConfig(Strict):
-    hidden: int = Field(1024, ge=1, description="Value-head MLP hidden size.")
-    lr: float = Field(1e-4, gt=0, description="Value-head Adam learning rate.")
-    tau: float = Field(0.995, gt=0, lt=1, description="Polyak coefficient of the target head.")
-    replay_steps: int = Field(10, ge=1, description="Steps of Monte-Carlo targets kept.")
-    epochs: int = Field(1, ge=1, description="Passes over the replay buffer per step.")
-    batch_size: int = Field(256, ge=1, description="Value-head minibatch size.")
+    """Defaults from :mod:`factor_cli.policy.value_defaults`, their one home."""
+
+    hidden: int = Field(
+        value_defaults.VALUE_HIDDEN, ge=1, description="Value-head MLP hidden size."
+    )
+    lr: float = Field(value_defaults.VALUE_LR, gt=0, description="Value-head Adam learning rate.")
+    tau: float = Field(
+        value_defaults.VALUE_TAU, gt=0, lt=1, description="Polyak coefficient of the target head."
+    )
+    replay_steps: int = Field(
+        value_defaults.VALUE_REPLAY_STEPS, ge=1, description="Steps of Monte-Carlo targets kept."
+    )
+    epochs: int = Field(
+        value_defaults.VALUE_EPOCHS, ge=1, description="Passes over the replay buffer per step."
+    )
+    batch_size: int = Field(
+        value_defaults.VALUE_BATCH_SIZE, ge=1, description="Value-head minibatch size."
+    )
 
 
 class OptimConfig(Strict):

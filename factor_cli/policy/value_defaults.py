@@ -1,0 +1,21 @@
+"""The one home of the value head's defaults (DESIGN section 5), standard library only.
+
+:mod:`factor_cli.policy.value_head` uses them as its arguments' defaults and the training
+config's ``value.*`` fields take theirs from here, so each number is written once; the config
+can read them without importing torch.
+"""
+
+from __future__ import annotations
+
+VALUE_HIDDEN = 1024
+"""D: hidden size of the 2-layer MLP (paper scale)."""
+VALUE_LR = 1e-4
+"""Adam learning rate of the online head."""
+VALUE_TAU = 0.995
+"""Polyak coefficient of the target head: phi_target <- tau phi_target + (1 - tau) phi."""
+VALUE_REPLAY_STEPS = 10
+"""Steps of Monte-Carlo targets kept in the replay buffer (the current and previous 9)."""
+VALUE_EPOCHS = 1
+"""Passes over the replay buffer per training step."""
+VALUE_BATCH_SIZE = 256
+"""Mini-batch size of the value regression."""
