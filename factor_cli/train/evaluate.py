@@ -7,6 +7,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from factor_cli.envs.pool import EnvPool
+from factor_cli.policy.generation.base import GenerationBackend
 from factor_cli.policy.prompting import PromptFormat
 from factor_cli.rollout.runner import RolloutRunner, Shard, Start
 
@@ -15,16 +16,18 @@ from .data import instances
 
 
 def evaluate(
-    generator: object,
+    generator: GenerationBackend,
     cfg: TrainConfig,
     method: str,
     on_turn: Callable[[int, int], None] | None = None,
     shard: Shard | None = None,
+    split: str = "eval",
 ) -> pd.DataFrame:
-    """One greedy episode per eval instance; columns env, method, seed, item_id, category,
-    success, score (plus outcome and turns). With a ``shard`` each data-parallel rank plays a
-    block of the instances and every rank returns all the items."""
-    items = instances(cfg, "eval")
+    """One greedy episode per instance of the manifest's ``split`` (eval, or train); columns
+    env, method, seed, item_id, category, success, score (plus outcome and turns). With a
+    ``shard`` each data-parallel rank plays a block of the instances and every rank returns all
+    the items."""
+    items = instances(cfg, split)
     if cfg.eval.max_items is not None:
         items = items[: cfg.eval.max_items]
     fmt = PromptFormat(history_turns=cfg.rollout.history_turns)
