@@ -10,7 +10,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .model import TINY_PRESETS, Policy, init_tiny, load_policy, train_tokenizer
+    from .model import Policy, init_tiny, load_policy, train_tokenizer
+    from .presets import TINY_PRESETS
     from .value_head import (
         TargetValueHead,
         ValueHead,
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     )
 
 _EXPORTS = {
-    "TINY_PRESETS": "model",
+    "TINY_PRESETS": "presets",
     "Policy": "model",
     "init_tiny": "model",
     "load_policy": "model",

@@ -38,11 +38,12 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from .dtypes import load_dtype
+from .presets import TinyPreset, get_preset
+from .presets import looks_like_path as _looks_like_path
 from .prompting import ACTION_CLOSE, ACTION_OPEN
 
 if TYPE_CHECKING:  # importing transformers' model classes takes ~10 s: done where they are used
     from transformers import (
-        LlamaConfig,
         LlamaForCausalLM,
         PreTrainedModel,
         PreTrainedTokenizerBase,
@@ -71,63 +72,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
 
-# -- tiny presets ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TinyPreset:
-    """A Llama-architecture shape; the vocabulary comes from the tokenizer."""
-
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    intermediate_size: int
-    max_position_embeddings: int = 2048
-    tie_word_embeddings: bool = False
-
-    def config(self, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
-        """The LlamaConfig with ``vocab_size = len(tokenizer)`` and its special token ids."""
-        from transformers import LlamaConfig
-
-        return LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_layers,
-            num_attention_heads=self.num_heads,
-            num_key_value_heads=self.num_heads,
-            max_position_embeddings=self.max_position_embeddings,
-            tie_word_embeddings=self.tie_word_embeddings,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-
-    def num_parameters(self, vocab_size: int) -> int:
-        """Exact parameter count for a vocabulary of ``vocab_size`` (V), hidden H, MLP I, L layers:
-
-        L * (4 H^2 + 3 H I + 2 H) + H + V H * (1 if tied else 2)
-
-        (q, k, v, o projections without bias, gate/up/down MLP, two RMSNorms per layer, the
-        final RMSNorm, input embedding and LM head).
-        """
-        h, i = self.hidden_size, self.intermediate_size
-        per_layer = 4 * h * h + 3 * h * i + 2 * h
-        embeddings = vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + h + embeddings
-
-
-TINY_PRESETS: dict[str, TinyPreset] = {
-    # ~0.99M parameters at the default 770-token vocabulary (792k in the blocks, 197k embeddings).
-    "1m": TinyPreset(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=344),
-    # ~5.1M parameters at 770 tokens; head dim 64. DESIGN section 8: slower, not better per hour.
-    "5m": TinyPreset(hidden_size=256, num_layers=6, num_heads=4, intermediate_size=688),
-}
-
-
-def get_preset(name: str) -> TinyPreset:
-    """The preset called ``name``; unknown names fail listing the valid ones."""
-    if name not in TINY_PRESETS:
-        raise ValueError(f"unknown tiny preset {name!r}; valid: {', '.join(TINY_PRESETS)}")
-    return TINY_PRESETS[name]
+# -- tiny presets: factor_cli/policy/presets.py (torch-free, read by config validation) -------
 
 
 # -- tokenizer ---------------------------------------------------------------------------------
@@ -343,16 +288,6 @@ def _resolve_device(device: str) -> torch.device:
     return dev
 
 
-def _looks_like_path(s: str) -> bool:
-    """Hub ids are ``name`` or ``org/name``; anything else is meant as a local path."""
-    return (
-        s.startswith(("/", "./", "../", "~", "."))
-        or s.count("/") > 1
-        or s.endswith("/")
-        or (os.sep != "/" and os.sep in s)
-    )
-
-
 def _dtype_kwargs(dtype: torch.dtype | str) -> dict[str, Any]:
     # transformers >= 4.56 calls it `dtype`; older releases ignore that key silently.
     major, minor = (int(x) for x in version("transformers").split(".")[:2])
@@ -413,6 +348,14 @@ def load_policy(path_or_id: str, dtype: str = "float32", device: str = "cpu") ->
         raise FileNotFoundError(
             f"{source}: could not load the model weights from this {where} ({_first_line(exc)}); "
             "check the path or hub id (and HF_HUB_OFFLINE / network for hub ids)"
+        ) from exc
+    except Exception as exc:
+        # safetensors reports a truncated or corrupt file with its own error type.
+        if type(exc).__name__ != "SafetensorError":
+            raise
+        raise ValueError(
+            f"{source}: the weights file is damaged ({_first_line(exc)}); it was probably cut "
+            "short by an interrupted copy or save: copy it again or rebuild the model"
         ) from exc
     _check_tokenizer_fits(source, tokenizer, model)
     if tokenizer.pad_token is None:

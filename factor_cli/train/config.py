@@ -2,29 +2,61 @@
 
 Every field is documented once (its ``description``) and that text feeds both `factor train
 --help-config` and the YAML reference. Unknown keys and bad values are one-line errors naming
-the field, the value and what is allowed. Presets live in ``experiments/`` (``smoke``,
-``paper``); a preset name or a YAML path is accepted wherever a config is.
+where the value came from (the YAML file and line, or the ``--set`` item), the field, the value
+and what is allowed. Presets live in ``experiments/`` (``smoke``, ``paper``), shipped with the
+package (:mod:`factor_cli.resources`); a preset name or a YAML path is accepted wherever a config
+is.
+
+Validation is complete when :func:`load_config` returns, before any model, engine or ledger run
+exists, in two stages: the pydantic models check every field on its own and the relations inside
+a section (names of environments, backends and devices, ``max_new_tokens < max_context``); then
+:func:`check_config` checks what needs the registries or files (method and reduction names, the
+environment's manifest and its categories for ``env.games``, the model path or tiny preset and
+its position limit). Torch is only imported by that second stage's credit-name check, and only
+once every other field is valid, so most mistakes answer in a fraction of a second.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from factor_cli.credit import METHODS, REDUCTIONS, CreditConfig
+from factor_cli.credit.config import CreditConfig
 from factor_cli.policy import value_defaults
+from factor_cli.policy.generation.base import (
+    DEFAULT_MAX_CONTEXT,
+    DEFAULT_MAX_NEW_TOKENS,
+    GenerationLimits,
+)
+from factor_cli.resources import presets_dir
 from factor_cli.rollout import continuations
 
-EXPERIMENTS_DIR = Path(__file__).resolve().parents[2] / "experiments"
+DEVICE_PATTERN = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
 
 
 class ConfigError(ValueError):
     """A configuration that cannot be used; the message is one line naming field and fix."""
+
+
+class FieldError(ValueError):
+    """A check on one dotted field failed; :func:`load_config` adds where the value came from."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class Strict(BaseModel):
@@ -41,6 +73,13 @@ class ModelConfig(Strict):
     )
     device: str = Field("cpu", description="Device: cpu, cuda, cuda:N.")
 
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not DEVICE_PATTERN.match(v):
+            raise ValueError("use cpu, cuda, cuda:N or mps")
+        return v
+
 
 class EnvConfig(Strict):
     name: str = Field("twx", description="Environment adapter (see `factor envs list`).")
@@ -51,18 +90,52 @@ class EnvConfig(Strict):
         default_factory=list,
         description="Restrict instances to these categories (TWX games, ALFWorld task types...).",
     )
-    splits_dir: str = Field("splits", description="Folder of the split manifests.")
+    splits_dir: str | None = Field(
+        None, description="Folder of the split manifests (default: the shipped manifests)."
+    )
     max_turns: int | None = Field(None, ge=1, description="Turn limit (default: the adapter's).")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        from factor_cli.envs import ENVIRONMENTS  # light: engines load when an env starts
+
+        ENVIRONMENTS.get(v)
+        return v
 
 
 class RolloutConfig(Strict):
     groups: int = Field(16, ge=1, description="Task instances per step (B_traj = groups x k).")
     k: int = Field(8, ge=2, description="Trajectories per instance (group size K).")
     temperature: float = Field(1.0, gt=0, description="Rollout sampling temperature.")
-    max_new_tokens: int = Field(512, ge=1, description="Generation limit per reply.")
-    max_context: int = Field(4096, ge=16, description="Context limit (prompt + reply).")
+    max_new_tokens: int = Field(
+        DEFAULT_MAX_NEW_TOKENS, ge=1, description="Generation limit per reply."
+    )
+    max_context: int = Field(
+        DEFAULT_MAX_CONTEXT, ge=16, description="Context limit (prompt + reply)."
+    )
     history_turns: int = Field(2, ge=0, description="Past turns shown in each prompt.")
     backend: str = Field("hf", description="Generation backend: hf or vllm.")
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, v: str) -> str:
+        from factor_cli.policy.generation.backends import BACKEND_NAMES
+
+        if v not in BACKEND_NAMES:
+            raise ValueError(f"unknown generation backend {v!r}; valid: {', '.join(BACKEND_NAMES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _limits(self) -> RolloutConfig:
+        try:  # the backends' own check, so config and generation agree on what is allowed
+            GenerationLimits(self.max_new_tokens, self.max_context)
+        except ValueError as exc:
+            raise FieldError(
+                "max_new_tokens",
+                f"{exc}; lower rollout.max_new_tokens or raise rollout.max_context",
+            ) from None
+        return self
 
 
 class ContinuationConfig(Strict):
@@ -150,26 +223,42 @@ class TrainConfig(Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
 
-    @field_validator("method")
-    @classmethod
-    def _method(cls, v: str) -> str:
-        METHODS.get(v)
-        return v
+    @model_validator(mode="after")
+    def _credit_names(self) -> TrainConfig:
+        # After every field is valid: the credit registries import torch, so a mistake elsewhere
+        # answers without paying for it.
+        from factor_cli.credit import METHODS, REDUCTIONS
 
-    @field_validator("reduction")
-    @classmethod
-    def _reduction(cls, v: str) -> str:
-        REDUCTIONS.get(v)
-        return v
+        for field, registry in (("method", METHODS), ("reduction", REDUCTIONS)):
+            value = getattr(self, field)
+            if value not in registry:
+                raise FieldError(
+                    field,
+                    f"unknown {registry.kind} {value!r}; valid: {', '.join(registry.names())}",
+                )
+        return self
 
     @property
     def total_steps(self) -> int:
+        from factor_cli.credit import METHODS
+
         return METHODS.get(self.method).steps or self.steps
 
     def digest(self) -> str:
-        """SHA-256 of the canonical JSON of the resolved configuration."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()
+        """The config hash: SHA-256 (hex) of the canonical JSON of the resolved configuration.
+
+        Canonical JSON is :func:`factor_cli.ledger.provenance.canonical_json` (keys sorted,
+        ``,``/``:`` separators, UTF-8 kept) of ``model_dump(mode="json")``, leaving out only the
+        where-to-write fields ``output_dir`` and ``tracking_uri``: the same experiment written
+        to another folder or ledger has the same hash, any other change (seed, method, a
+        learning rate, a preset's default) gives another. This is the one definition: the
+        ledger's ``config_hash`` tag is this value, and studies key their cells on it.
+        """
+        from factor_cli.ledger.provenance import canonical_json
+
+        where_to_write = {"output_dir", "tracking_uri"}
+        text = canonical_json(self.model_dump(mode="json", exclude=where_to_write))
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _parse_value(raw: str) -> Any:
@@ -197,39 +286,161 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def resolve_source(source: str) -> Path:
+    """A YAML path as given, or the shipped preset called ``source``."""
     path = Path(source)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.exists():
             raise ConfigError(f"{path}: no such config file")
+        if not path.is_file():
+            raise ConfigError(f"{path}: is a folder; pass a YAML file or a preset name")
         return path
-    preset = EXPERIMENTS_DIR / f"{source}.yaml"
+    folder = presets_dir()
+    preset = folder / f"{source}.yaml"
     if not preset.exists():
-        names = sorted(p.stem for p in EXPERIMENTS_DIR.glob("*.yaml"))
+        names = sorted(p.stem for p in folder.glob("*.yaml"))
         raise ConfigError(
             f"unknown preset {source!r}; presets: {', '.join(names)} (or a YAML path)"
         )
     return preset
 
 
-def load_config(source: str = "smoke", overrides: list[str] | None = None) -> TrainConfig:
-    """A preset name or YAML path, plus --set overrides, validated into a TrainConfig."""
-    path = resolve_source(source)
+def read_yaml(path: Path) -> dict[str, Any]:
+    """The mapping in ``path``; syntax errors name the file, line and column."""
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path}:{line}: not UTF-8 text (byte {exc.start + 1}); save it as UTF-8"
+        ) from None
+    try:
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where}: not valid YAML ({problem})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of config sections")
-    data = apply_overrides(data, overrides or [])
-    try:
-        return TrainConfig.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
+    return data
+
+
+def _blame(loc: tuple[str, ...], path: Path, overrides: list[str]) -> str:
+    """Where a bad value came from: the last ``--set`` touching its field, else the file."""
+    for item in reversed(overrides):
+        key = tuple(item.partition("=")[0].split("."))
+        n = min(len(key), len(loc))
+        if loc and key[:n] == loc[:n]:
+            return f"--set {item}"
+    return str(path)
+
+
+def _validation_error(exc: ValidationError, path: Path, overrides: list[str]) -> ConfigError:
+    """The first pydantic error as one line: source, dotted field, message, value."""
+    err = exc.errors()[0]
+    loc = tuple(str(p) for p in err["loc"])
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, FieldError):  # a check over a whole section names its own field
+        loc = (*loc, *cause.field.split("."))
+    where = ".".join(loc)
+    if err["type"] == "extra_forbidden":
+        msg = "Extra inputs are not permitted (`factor train --help-config` lists every field)"
+    else:
         msg = str(err["msg"]).removeprefix("Value error, ")
-        value = err.get("input")
-        shown = "" if isinstance(value, dict) else f" (got {value!r})"
-        raise ConfigError(f"{path}: field {where}: {msg}{shown}") from None
+    value = err.get("input")
+    shown = "" if isinstance(value, dict) or not loc else f" (got {value!r})"
+    field = f"field {where}: " if where else ""
+    return ConfigError(f"{_blame(loc, path, overrides)}: {field}{msg}{shown}")
+
+
+def load_config(source: str = "smoke", overrides: list[str] | None = None) -> TrainConfig:
+    """A preset name or YAML path, plus --set overrides, validated completely into a TrainConfig.
+
+    Raises:
+        ConfigError: one line naming the file (and line) or ``--set`` item, the field, the value
+            and the fix; nothing has been built or logged yet.
+    """
+    overrides = list(overrides or [])
+    path = resolve_source(source)
+    data = apply_overrides(read_yaml(path), overrides)
+    try:
+        cfg = TrainConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc, path, overrides) from None
+    try:
+        check_config(cfg)
+    except FieldError as exc:
+        where = _blame(tuple(exc.field.split(".")), path, overrides)
+        raise ConfigError(f"{where}: field {exc.field}: {exc}") from None
+    return cfg
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """What a field cannot check alone: the manifest behind ``env``, the model behind ``model``.
+
+    Raises:
+        FieldError: naming the field, the value and the fix.
+    """
+    _check_env_manifest(cfg.env)
+    _check_model(cfg.model, cfg.rollout)
+
+
+def _check_env_manifest(env: EnvConfig) -> None:
+    from factor_cli.resources import splits_dir
+    from factor_cli.splits.manifest import MANIFEST_NAMES, ManifestError, read_manifest
+
+    name = MANIFEST_NAMES.get(env.name)
+    if name is None:
+        raise FieldError("env.name", f"environment {env.name!r} has no split manifest")
+    path = splits_dir(env.splits_dir) / name
+    try:
+        rows = read_manifest(path)
+    except ManifestError as exc:
+        raise FieldError("env.splits_dir", str(exc)) from None
+    categories = sorted({r.category for r in rows})
+    unknown = [g for g in env.games if g not in categories]
+    if unknown:
+        raise FieldError(
+            "env.games",
+            f"{', '.join(map(repr, unknown))} not in {path.name}; valid: {', '.join(categories)}",
+        )
+
+
+def _check_model(model: ModelConfig, rollout: RolloutConfig) -> None:
+    from factor_cli.policy.presets import TINY_PRESETS, looks_like_path
+
+    local = Path(model.path).expanduser()
+    limit: int | None = None
+    if local.is_dir() and (local / "config.json").is_file():
+        try:
+            limit = json.loads((local / "config.json").read_text()).get("max_position_embeddings")
+        except (OSError, ValueError):
+            raise FieldError("model.path", f"{local}/config.json is not valid JSON") from None
+    elif local.exists():
+        raise FieldError("model.path", f"{local} is not a model directory (it has no config.json)")
+    elif model.init_tiny is not None:
+        if model.init_tiny not in TINY_PRESETS:
+            raise FieldError(
+                "model.init_tiny",
+                f"unknown tiny preset {model.init_tiny!r}; valid: {', '.join(TINY_PRESETS)}",
+            )
+        limit = TINY_PRESETS[model.init_tiny].max_position_embeddings
+    elif looks_like_path(model.path):
+        raise FieldError(
+            "model.path",
+            f"{model.path}: no such model directory; set model.init_tiny (e.g. 1m) to build a "
+            "tiny one there, or point model.path to a model",
+        )
+    if isinstance(limit, int) and rollout.max_context > limit:
+        raise FieldError(
+            "rollout.max_context",
+            f"{rollout.max_context} exceeds the model's {limit} positions; "
+            f"set rollout.max_context <= {limit}",
+        )
 
 
 def field_reference() -> list[tuple[str, str, str]]:
