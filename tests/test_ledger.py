@@ -168,7 +168,7 @@ def test_params_tags_metrics_round_trip(uri: str, tmp_path: Path) -> None:
         "study": "main", "method": "factor", "env": "twx", "seed": "0", "backbone": "tiny-1m",
         "reduction": "token-mean", "note": "hello", "cpu_cores": "2", "gpus": "0",
         "split.twx_ids.csv": "ab" * 32, "split.sciworld_ids.csv": "cd" * 32,
-        "config_hash": config_hash(config), "ledger.session": "1",
+        "config_hash": config_hash(config), "ledger.session": "1", "kind": "train",
     }.items():  # fmt: skip
         assert t[key] == value, key
     assert len(t["git_commit"]) == 40 or t["git_commit"] == "unknown"
@@ -312,6 +312,10 @@ def test_resume_errors(uri: str) -> None:
         pass
     with pytest.raises(LedgerError, match="has method=factor, not grpo"):
         _start(uri, method="grpo", resume_run_id=run.run_id)
+    with pytest.raises(LedgerError, match="has kind=train, not eval"):
+        _start(uri, kind="eval", resume_run_id=run.run_id)
+    with pytest.raises(LedgerError, match="unknown run kind 'sweep'; valid: train, eval"):
+        _start(uri, kind="sweep")
 
 
 @pytest.mark.parametrize(
@@ -484,3 +488,21 @@ def test_environment_variable_selects_the_store(
     res = runner.invoke(app, ["ledger", "report", "--json"])
     assert res.exit_code == 0 and json.loads(res.output)["summary"][0]["study"] == "env"
     assert not (work / "mlruns").exists() and not (work / "ledger").exists()
+
+
+def test_export_keeps_training_and_evaluation_runs_apart(uri: str) -> None:
+    """An eval of a training run repeats its (env, method, seed): exported apart, never mixed."""
+    with _start(uri) as train:
+        train.log_items(_items())
+    for split in ("eval", "train"):
+        tags = {"eval.split": split, "eval.run_id": train.run_id}
+        with _start(uri, kind="eval", tags=tags) as evaluation:
+            evaluation.log_items(_items(shift=1))
+    assert list(runs_table("main", uri)["kind"]) == ["train", "eval", "eval"]
+    trained = export_items("main", uri)
+    assert set(trained["run_id"]) == {train.run_id} and "split" not in trained.columns
+    evals = export_items("main", uri, kind="eval")
+    assert len(evals) == 2 * 8 and sorted(set(evals["split"])) == ["eval", "train"]
+    assert set(evals["evaluated_run"]) == {train.run_id}
+    with pytest.raises(LedgerError, match="unknown run kind 'sft'"):
+        export_items("main", uri, kind="sft")

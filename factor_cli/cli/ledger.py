@@ -179,6 +179,14 @@ def export_cmd(
             "newest instead of failing.",
         ),
     ] = False,
+    kind: Annotated[
+        str,
+        typer.Option(
+            "--kind",
+            help="Runs to collect: train (each run's final evaluation) or eval "
+            "(`factor eval` runs).",
+        ),
+    ] = "train",
 ) -> None:
     """Write the item-level results of a study's finished runs: the file `factor stats` reads.
 
@@ -192,7 +200,7 @@ def export_cmd(
         fail(escape(f"--out {out}: unsupported file type; use one of {', '.join(_CSV + _PARQUET)}"))
     try:
         uri = resolve_tracking_uri(tracking_uri)
-        items = export_items(study, uri, experiment, name=name, keep_latest=keep_latest)
+        items = export_items(study, uri, experiment, name=name, keep_latest=keep_latest, kind=kind)
     except LedgerError as exc:
         fail(escape(str(exc)))
     try:

@@ -6,16 +6,19 @@ import json
 import os
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from factor_cli.atomic import atomic_target
 from factor_cli.train.config import ConfigError, TrainConfig, field_reference, load_config
 
 from .common import EXIT_INTERRUPTED, console, err_console, fail, first_line
+
+if TYPE_CHECKING:
+    from factor_cli.train.run import EvalSummary
 
 CONFIG_HELP = "Preset name (smoke, paper) or a YAML file."
 SET_HELP = "Override a field, e.g. --set rollout.k=4 --set method=grpo (repeatable)."
@@ -150,37 +153,76 @@ def eval_cmd(
     run: str | None = typer.Option(None, "--run", help="Ledger run id (uses its final model)."),
     checkpoint: Path | None = typer.Option(None, "--checkpoint", help="A model directory."),
     env: str | None = typer.Option(None, "--env", help="Environment (default: the config's)."),
-    split: str = typer.Option("eval", "--split", help="Manifest split: eval or train."),
+    split: str = typer.Option(
+        "eval", "--split", help="Manifest split: eval, or train (greedy play on training games)."
+    ),
     config: str = typer.Option("smoke", "--config", "-c", help=CONFIG_HELP),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
-    out: Path | None = typer.Option(None, "--out", help="Item-level CSV (default: next to it)."),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="Also write the item-level CSV here (it always goes to the run's folder "
+        "OUTPUT_DIR/evals/RUN_ID/).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the metric as JSON."),
 ) -> None:
-    """Greedy evaluation on the manifest's eval instances, written as item-level results."""
+    """Greedy evaluation of a checkpoint on a manifest split, recorded as a ledger run.
+
+    The run has kind=eval, the checkpoint and training run evaluated, the split and its
+    manifest digests, the metric and the item-level results (artifact items/eval_items.csv;
+    `factor ledger export --kind eval` collects them). A local copy goes to
+    OUTPUT_DIR/evals/RUN_ID/eval_items_ENV.csv (RUN_ID: the eval's ledger run), so evaluations
+    running at once never share a file. A failed or interrupted one is closed FAILED or KILLED.
+    """
+    from factor_cli.splits.manifest import SPLITS
+
     if (run is None) == (checkpoint is None):
         fail("pass exactly one of --run RUN_ID or --checkpoint DIR")
+    if split not in SPLITS:
+        fail(f"--split {split!r}: unknown split; valid: {', '.join(SPLITS)}")
     cfg = _load(config, [*overrides, *([f"env.name={env}"] if env else [])])
     model_dir = checkpoint or Path(cfg.output_dir) / str(run) / "model"
     if not (model_dir / "config.json").exists():
         fail(f"{model_dir}: no model there; train first or pass --checkpoint DIR")
-    if split != "eval":
-        fail(f"--split {split!r}: only the eval split is evaluated (training instances are not)")
-    from factor_cli.train.evaluate import metric
+    summary = _evaluate(cfg, model_dir, split, run, out)
+    paths = [summary.items_path, *([summary.out] if summary.out else [])]
+    if as_json:
+        payload = {
+            "metric": summary.metric, "items": len(summary.items), "run_id": summary.run_id,
+            "split": split, "path": str(paths[-1]), "items_path": str(summary.items_path),
+        }  # fmt: skip
+        typer.echo(json.dumps(payload))
+    else:
+        console.print(
+            f"{cfg.env.name} {split} macro success {summary.metric:.4f} over "
+            f"{len(summary.items)} items; ledger run {summary.run_id} -> "
+            + ", ".join(str(p) for p in paths),
+            highlight=False,
+            markup=False,
+            soft_wrap=True,  # paths stay whole, for copying
+        )
+
+
+def _evaluate(
+    cfg: TrainConfig, model_dir: Path, split: str, run: str | None, out: Path | None
+) -> EvalSummary:
+    """:func:`~factor_cli.train.run.evaluate_checkpoint` with one-line errors and Ctrl-C."""
+    from factor_cli.ledger.runs import RunTerminated
     from factor_cli.train.run import evaluate_checkpoint
 
+    opened: list[str] = []
     try:
         with _progress() as bar:
-            items = evaluate_checkpoint(cfg, str(model_dir), _Bars(bar))
-    except (ValueError, FileNotFoundError) as exc:
-        fail(str(exc).splitlines()[0])
-    path = out or model_dir.parent / f"eval_items_{cfg.env.name}.csv"
-    with atomic_target(path) as tmp:
-        items.to_csv(tmp, index=False)
-    value = metric(items)
-    if as_json:
-        typer.echo(json.dumps({"metric": value, "items": len(items), "path": str(path)}))
-    else:
-        console.print(f"{cfg.env.name} macro success {value:.4f} over {len(items)} items -> {path}")
+            return evaluate_checkpoint(
+                cfg, model_dir, _Bars(bar), split=split, evaluated_run=run, out=out,
+                on_run=opened.append,
+            )  # fmt: skip
+    except (ValueError, OSError) as exc:
+        fail(first_line(exc))
+    except KeyboardInterrupt as exc:
+        closed = f"ledger run {opened[0]} closed as KILLED" if opened else "no ledger run opened"
+        err_console.print(Text.assemble(("interrupted", "yellow"), f": {closed}"))
+        raise typer.Exit(143 if isinstance(exc, RunTerminated) else EXIT_INTERRUPTED) from None
 
 
 def sft_cmd(

@@ -3,9 +3,12 @@
 * git: commit of the working tree that holds the code and whether it differs from that commit
   (tracked changes or untracked files); read-only git commands only (``--no-optional-locks`` so
   that ``git status`` never rewrites the index).
-* config hash: SHA-256 of the canonical JSON of the resolved config (keys sorted, no spaces,
-  UTF-8), so two runs with equal configs share the hash whatever the key order.
-* split digests: the per-manifest SHA-256 digests recorded in ``splits/splits.lock``.
+* config hash: a typed config that defines ``digest()`` (:class:`Digestible`, e.g.
+  ``TrainConfig.digest()``, which leaves out the where-to-write fields) is hashed by it; any
+  other mapping by the SHA-256 of its canonical JSON (keys sorted, no spaces, UTF-8), so two runs
+  with equal configs share the hash whatever the key order.
+* split digests: the per-manifest SHA-256 digests recorded in ``splits.lock`` of the shipped
+  manifests (:func:`factor_cli.resources.splits_dir`) unless another lock file is named.
 * hardware: GPU count (``torch.cuda.device_count()``) and name, CPU cores available to the
   process.
 """
@@ -21,11 +24,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import factor_cli
+from factor_cli.resources import splits_dir
 
-SPLITS_LOCK = Path("splits") / "splits.lock"
+LOCK_NAME = "splits.lock"
 _GIT_TIMEOUT_S = 20
 
 
@@ -124,18 +128,36 @@ def canonical_json(config: Any) -> str:
     )
 
 
+@runtime_checkable
+class Digestible(Protocol):
+    """A typed config that defines its own hash (``TrainConfig``): the one definition for it."""
+
+    def digest(self) -> str:
+        """SHA-256 (hex) identifying what the config computes."""
+        ...
+
+
+def json_sha256(data: Any) -> str:
+    """SHA-256 (hex) of :func:`canonical_json` of ``data``."""
+    return hashlib.sha256(canonical_json(data).encode("utf-8")).hexdigest()
+
+
 def config_hash(config: Any) -> str:
-    """SHA-256 (hex) of :func:`canonical_json` of the resolved config."""
-    return hashlib.sha256(canonical_json(config).encode("utf-8")).hexdigest()
+    """The ledger's ``config_hash`` tag: ``config.digest()`` for a :class:`Digestible` config,
+    else :func:`json_sha256` of the mapping."""
+    if isinstance(config, Digestible):
+        return config.digest()
+    return json_sha256(config)
 
 
 def split_digests(lock: Path | None = None) -> dict[str, str]:
-    """``{manifest file: sha256}`` from ``splits.lock`` (empty when the file is absent).
+    """``{manifest file: sha256}`` from ``lock`` (default: the shipped manifests' lock file;
+    empty when the file is absent).
 
     Raises:
         ValueError: the lock file exists but is not a JSON object of strings.
     """
-    path = lock or (Path.cwd() / SPLITS_LOCK)
+    path = lock or (splits_dir() / LOCK_NAME)
     if not path.is_file():
         return {}
     try:

@@ -6,8 +6,11 @@ the wall-clock, node- and CPU-core-hours they used. Failed and killed runs count
 the compute. ``runs_table`` lists every run; the CLI shows the unfinished ones individually.
 
 ``export_items`` concatenates the item-level artifact (``items/eval_items.csv``) of every
-FINISHED run of a study into the file ``factor stats`` reads, adding the run id and the study
-columns that are tags (study, backbone, reduction, temperature, budget where present).
+FINISHED training run of a study (or of every evaluation run: ``kind="eval"``) into the file
+``factor stats`` reads, adding the run id and the study columns that are tags (study, backbone,
+reduction, temperature, budget where present). Training and evaluation runs are never mixed: an
+evaluation of a training run's checkpoint repeats its (env, method, seed), and an evaluation on
+the train split is no test result.
 """
 
 from __future__ import annotations
@@ -17,7 +20,17 @@ from collections.abc import Iterator
 
 import pandas as pd
 
-from .runs import GPUS_PER_NODE, ITEMS_DIR, T_CORE, T_GPU, T_HEARTBEAT, T_SESSION, T_WALL
+from .runs import (
+    DEFAULT_KIND,
+    GPUS_PER_NODE,
+    ITEMS_DIR,
+    RUN_KINDS,
+    T_CORE,
+    T_GPU,
+    T_HEARTBEAT,
+    T_SESSION,
+    T_WALL,
+)
 from .store import (
     DEFAULT_EXPERIMENT,
     LedgerError,
@@ -30,8 +43,15 @@ from .store import (
 STATUSES = ("FINISHED", "FAILED", "KILLED", "RUNNING", "SCHEDULED")
 # Tags that become columns of the export (after env, method, seed, ...), when some run has them.
 STUDY_COLUMNS = ("study", "backbone", "reduction", "temperature", "budget")
+# An evaluation run's export columns besides those: what it evaluated, from its tags. They are
+# part of its identity, so evaluations of two checkpoints (or splits) of one config both count.
+EVAL_COLUMNS = {
+    "split": "eval.split",
+    "checkpoint": "eval.checkpoint",
+    "evaluated_run": "eval.run_id",
+}
 RUN_COLUMNS = (
-    "run_id", "study", "method", "env", "seed", "backbone", "status", "sessions", "gpus",
+    "run_id", "study", "method", "env", "seed", "backbone", "kind", "status", "sessions", "gpus",
     "wall_clock_hours", "node_hours", "cpu_core_hours", "start_time", "last_heartbeat", "error",
 )  # fmt: skip
 REPORT_COLUMNS = (
@@ -80,6 +100,7 @@ def _row(run) -> dict:
         "env": tags.get("env", ""),
         "seed": tags.get("seed", ""),
         "backbone": tags.get("backbone", ""),
+        "kind": tags.get("kind", DEFAULT_KIND),
         "status": run.info.status,
         "sessions": int(_float(tags, T_SESSION)) or 1,
         "gpus": tags.get("gpus", ""),
@@ -170,26 +191,34 @@ def export_items(
     experiment: str = DEFAULT_EXPERIMENT,
     name: str = "eval_items.csv",
     keep_latest: bool = False,
+    kind: str = DEFAULT_KIND,
 ) -> pd.DataFrame:
     """Item-level results of every FINISHED run of ``study`` (None: all), for ``factor stats``.
 
     Columns: env, method, seed, item_id, category, success, score (and any other item columns),
-    then run_id and the study columns present as tags (:data:`STUDY_COLUMNS`).
+    then run_id and the study columns present as tags (:data:`STUDY_COLUMNS`; for
+    evaluation runs also :data:`EVAL_COLUMNS`: split, checkpoint, evaluated_run).
 
     Args:
         name: the items artifact to collect (``items/<name>``).
         keep_latest: when two finished runs share (env, method, seed, study columns), keep the
             newer one instead of failing.
+        kind: which runs: ``train`` (the final evaluation of each training run) or ``eval``
+            (stand-alone ``factor eval`` runs).
 
     Raises:
-        LedgerError: unknown study, no finished run with the items artifact, two runs with the
-            same identity (without ``keep_latest``), or an artifact that breaks the schema.
+        LedgerError: unknown study or kind, no finished run with the items artifact, two runs
+            with the same identity (without ``keep_latest``), or an artifact that breaks the
+            schema.
     """
     from factor_cli.stats.io import REQUIRED_COLUMNS, read_frame, validate_results
 
+    if kind not in RUN_KINDS:
+        raise LedgerError(f"unknown run kind {kind!r}; valid: {', '.join(RUN_KINDS)}")
     runs = runs_table(study, tracking_uri, experiment)
     _, client, _ = _open(tracking_uri, experiment)
-    finished = runs[runs["status"] == "FINISHED"]
+    finished = runs[(runs["status"] == "FINISHED") & (runs["kind"] == kind)]
+    columns = {c: c for c in STUDY_COLUMNS} | (EVAL_COLUMNS if kind == "eval" else {})
     frames = []
     with tempfile.TemporaryDirectory(prefix="factor-export-") as tmp:
         for run_id in finished["run_id"]:
@@ -204,18 +233,18 @@ def export_items(
             except ValueError as exc:
                 raise LedgerError(f"run {run_id}: {ITEMS_DIR}/{name}: {exc}") from None
             items["run_id"] = run_id
-            for col in STUDY_COLUMNS:
-                if col in tags and col not in items.columns:
-                    items[col] = tags[col]
+            for col, tag in columns.items():
+                if tag in tags and col not in items.columns:
+                    items[col] = tags[tag]
             items["_start"] = mlrun.info.start_time or 0
             frames.append(items)
     if not frames:
         raise LedgerError(
-            f"nothing to export for study {study or '(all)'}: no FINISHED run has the artifact "
-            f"{ITEMS_DIR}/{name} ({len(finished)} finished of {len(runs)} runs)"
+            f"nothing to export for study {study or '(all)'}: no FINISHED {kind} run has the "
+            f"artifact {ITEMS_DIR}/{name} ({len(finished)} finished {kind} runs of {len(runs)})"
         )
     out = pd.concat(frames, ignore_index=True, sort=False)
-    study_cols = [c for c in STUDY_COLUMNS if c in out.columns]
+    study_cols = [c for c in columns if c in out.columns]
     run_keys = [c for c in study_cols if c != "study"]
     out = _dedupe(out, ["env", "method", "seed", *run_keys], keep_latest)
     try:

@@ -12,8 +12,9 @@ What gets recorded
   params   the resolved config flattened to ``a.b.c`` keys, values as text (JSON for lists,
            booleans and None); values longer than MLflow's 6,000 characters are cut with a
            marker (the full config is the ``config.json`` artifact).
-  tags     study, method, env, seed, backbone, git_commit, git_dirty, config_hash, split.<file>
-           (manifest digests from ``splits/splits.lock``), hardware, gpus, cpu_cores, plus any
+  tags     study, method, env, seed, backbone, kind (train | eval), git_commit, git_dirty,
+           config_hash (``TrainConfig.digest()`` for a training config), split.<file>
+           (manifest digests from ``splits.lock``), hardware, gpus, cpu_cores, plus any
            ``tags=`` given (study columns such as reduction or budget go there).
   metrics  per step, as given; at every close ``wall_clock_hours``, ``node_hours`` and
            ``cpu_core_hours`` with step = session number (1, 2, ... across resumes).
@@ -72,6 +73,11 @@ MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value
 MAX_TAG_VALUE = 8000  # MLflow's limit on a tag value
 ITEMS_DIR = "items"  # artifact folder of item-level evaluation results
 IDENTITY_TAGS = ("study", "method", "env", "seed", "backbone")
+# What a run is (the tag ``kind``): a training run (whose final evaluation is the study's
+# result) or a stand-alone evaluation of a checkpoint (``factor eval``). Runs logged before the
+# tag existed are training runs.
+RUN_KINDS = ("train", "eval")
+DEFAULT_KIND = "train"
 # Accounting tags (accumulated over sessions).
 T_WALL = "ledger.wall_clock_seconds"
 T_GPU = "ledger.gpu_seconds"
@@ -481,14 +487,13 @@ def _provenance_tags(
     }
     if git.diff:
         tags["git_diff_sha256"] = git.diff_sha256
-    lock = splits_lock if splits_lock is not None else Path.cwd() / prov.SPLITS_LOCK
-    for name, digest in prov.split_digests(lock).items():
+    for name, digest in prov.split_digests(splits_lock).items():
         tags[f"split.{name}"] = digest
     return tags, git
 
 
 def start_run(
-    config: Mapping[str, Any],
+    config: Mapping[str, Any] | prov.Digestible,
     *,
     study: str,
     method: str,
@@ -503,12 +508,15 @@ def start_run(
     tags: Mapping[str, Any] | None = None,
     splits_lock: Path | None = None,
     run_name: str | None = None,
+    kind: str = DEFAULT_KIND,
 ) -> LedgerRun:
     """Open a new ledger run (or continue ``resume_run_id``) and record its provenance.
 
     Args:
         config: the resolved config (a mapping or a pydantic model); logged as flattened params,
-            hashed into ``config_hash`` and stored as the artifact ``config.json``.
+            stored as the artifact ``config.json`` and hashed into ``config_hash`` by
+            :func:`~factor_cli.ledger.provenance.config_hash` (``TrainConfig.digest()`` for a
+            training config: pass the model itself, not its dump).
         study, method, env, seed, backbone: the run's identity tags.
         gpus: GPUs the run uses in all (node_hours = hours x gpus / 8; 0 on CPU).
         tracking_uri: store URI (default: ``$MLFLOW_TRACKING_URI``, else ``ledger/mlflow.db``).
@@ -516,13 +524,18 @@ def start_run(
         experiment: MLflow experiment name for new runs.
         cpu_cores: cores used (default: the process's CPU affinity).
         tags: extra tags, e.g. study columns ``{"reduction": "token-mean", "budget": "2x4"}``.
-        splits_lock: split lock file (default: ``splits/splits.lock`` under the working dir).
+        splits_lock: split lock file (default: the shipped manifests' ``splits.lock``).
         run_name: MLflow run name (default ``study/method/env/seed``).
+        kind: the tag ``kind``, one of :data:`RUN_KINDS` (``factor ledger export`` collects the
+            items of training runs unless told otherwise).
 
     Raises:
-        LedgerError: the store is unusable, the resume id is unknown, deleted, or names a run
-            of another study/method/env/seed/backbone.
+        LedgerError: the store is unusable (missing folder rights, not a database, read-only,
+            unreachable) or refuses the write, the kind is unknown, or the resume id is
+            unknown, deleted, or names a run of another study/method/env/seed/backbone/kind.
     """
+    if kind not in RUN_KINDS:
+        raise LedgerError(f"unknown run kind {kind!r}; valid: {', '.join(RUN_KINDS)}")
     uri = resolve_tracking_uri(tracking_uri)
     client = open_client(uri, create=True)
     identity = {
@@ -534,11 +547,17 @@ def start_run(
     hw = prov.hardware()
     cores = int(cpu_cores) if cpu_cores is not None else hw.cpu_cores
     ptags, git = _provenance_tags(config, splits_lock, hw, gpus, cores)
+    ptags["kind"] = kind
     extra = {safe_key(k): str(v) for k, v in (tags or {}).items()}
-    if resume_run_id:
-        run = _resume(client, uri, resume_run_id, identity, ptags, extra, gpus, cores)
-    else:
-        run = _create(client, uri, experiment, identity, ptags, extra, gpus, cores, run_name)
+    try:
+        if resume_run_id:
+            run = _resume(client, uri, resume_run_id, identity, ptags, extra, gpus, cores)
+        else:
+            run = _create(client, uri, experiment, identity, ptags, extra, gpus, cores, run_name)
+    except LedgerError:
+        raise
+    except Exception as exc:  # e.g. "attempt to write a readonly database"
+        raise LedgerError(f"cannot write a run to the ledger {uri}: {first_line(exc)}") from None
     try:
         run.log_params(config)
         if run.session == 1:
@@ -597,7 +616,7 @@ def _resume(
     if old.info.lifecycle_stage != "active":
         raise LedgerError(f"run {run_id} is deleted in {uri}; restore it before resuming")
     otags = old.data.tags
-    for key, value in identity.items():
+    for key, value in {**identity, "kind": ptags["kind"]}.items():
         if key in otags and otags[key] != value:
             raise LedgerError(
                 f"run {run_id} has {key}={otags[key]}, not {value}; resume it with the same "
@@ -627,8 +646,10 @@ def _resume(
 
 
 __all__ = [
+    "DEFAULT_KIND",
     "GPUS_PER_NODE",
     "ITEMS_DIR",
+    "RUN_KINDS",
     "LedgerRun",
     "RunTerminated",
     "flatten_config",

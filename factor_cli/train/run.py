@@ -118,7 +118,7 @@ def train(
     gpus = ranks.world if cfg.model.device.startswith("cuda") else 0
     ledger = (
         start_run(
-            cfg.model_dump(mode="json"),
+            cfg,  # the model itself: its digest() is the config_hash tag
             study=cfg.study,
             method=cfg.method,
             env=cfg.env.name,
@@ -198,12 +198,115 @@ def train(
             trainer.close()
 
 
-def evaluate_checkpoint(cfg: TrainConfig, model_path: str, progress: Progress) -> pd.DataFrame:
-    """Greedy evaluation of a saved model directory (no training engine)."""
+def evaluate_checkpoint(
+    cfg: TrainConfig,
+    model_path: str | Path,
+    progress: Progress,
+    *,
+    split: str = "eval",
+    evaluated_run: str | None = None,
+    out: Path | None = None,
+    on_run: Callable[[str], None] | None = None,
+) -> EvalSummary:
+    """Greedy evaluation of a saved model directory (no training engine) as one ledger run.
+
+    The run (``kind=eval``, name ``eval/<study>/<method>/<env>/<seed>/<split>``) records the
+    config (``config_hash`` = ``cfg.digest()``), the tags ``eval.checkpoint`` (the model folder,
+    absolute), ``eval.run_id`` (the training run evaluated: ``evaluated_run``, else read from a
+    ``<output_dir>/<run id>/model`` path), ``eval.split``, ``env`` and the manifests' digests
+    (``split.<file>`` of the ``splits.lock`` beside them), the metric ``eval_metric`` (macro
+    success) and the artifact ``items/eval_items.csv`` (the statistics schema, as a training
+    run's final evaluation). Items are also written to
+    ``<output_dir>/evals/<ledger run id>/eval_items_<env>.csv``, one folder per evaluation so
+    concurrent ones never share a file, and to ``out`` when given. An exception closes the run
+    FAILED, Ctrl-C or SIGTERM KILLED.
+
+    Args:
+        split: the manifest split played (:data:`factor_cli.splits.manifest.SPLITS`): ``eval``,
+            or ``train`` (greedy play on training instances: how well the policy fits them).
+        on_run: receives the ledger run id once the run is open.
+
+    Raises:
+        ValueError: an unknown split, no instances of it (checked before a run opens), an
+            unusable ledger (:class:`~factor_cli.ledger.LedgerError`).
+    """
+    from factor_cli.resources import splits_dir
+    from factor_cli.splits.manifest import SPLITS
+    from factor_cli.stats.io import REQUIRED_COLUMNS
+
+    from .data import instances
+
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r}: unknown; valid: {', '.join(SPLITS)}")
+    instances(cfg, split)  # a missing manifest or an empty split fails before the run opens
+    model_dir = Path(model_path).resolve()
+    evaluated = evaluated_run or _run_id_of(model_dir)
+    tags = {"eval.checkpoint": str(model_dir), "eval.split": split}
+    if evaluated:
+        tags["eval.run_id"] = evaluated
+    with start_run(
+        cfg,
+        kind="eval",
+        study=cfg.study,
+        method=cfg.method,
+        env=cfg.env.name,
+        seed=cfg.seed,
+        backbone=Path(cfg.model.path).name,
+        gpus=1 if cfg.model.device.startswith("cuda") else 0,
+        tracking_uri=cfg.tracking_uri,
+        tags=tags,
+        splits_lock=splits_dir(cfg.env.splits_dir) / "splits.lock",
+        run_name=f"eval/{cfg.study}/{cfg.method}/{cfg.env.name}/{cfg.seed}/{split}",
+    ) as run:
+        if on_run is not None:
+            on_run(run.run_id)
+        items = _greedy_items(cfg, model_dir, progress, split)
+        value = metric(items)
+        local = Path(cfg.output_dir) / EVALS_DIR / run.run_id / f"eval_items_{cfg.env.name}.csv"
+        for path in (local, out):
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with atomic_target(path) as tmp:
+                    items.to_csv(tmp, index=False)
+        run.log_items(items[list(REQUIRED_COLUMNS)])
+        run.log_metrics({"eval_metric": value}, step=0)
+    return EvalSummary(run.run_id, items, value, local, out)
+
+
+EVALS_DIR = "evals"  # <output_dir>/evals/<ledger run id>/: one folder per `factor eval`
+
+
+@dataclass
+class EvalSummary:
+    """What :func:`evaluate_checkpoint` produced."""
+
+    run_id: str  # the eval's ledger run
+    items: pd.DataFrame  # one row per instance (stats schema + outcome, turns)
+    metric: float  # macro success
+    items_path: Path  # <output_dir>/evals/<run id>/eval_items_<env>.csv
+    out: Path | None  # the extra copy asked for, if any
+
+
+def _run_id_of(model_dir: Path) -> str | None:
+    """The training run of a ``<output_dir>/<run id>/model`` folder, else None."""
+    parent = model_dir.parent.name
+    is_run_id = len(parent) == 32 and all(c in "0123456789abcdef" for c in parent)  # MLflow's
+    return parent if model_dir.name == "model" and is_run_id else None
+
+
+def _greedy_items(
+    cfg: TrainConfig, model_dir: Path, progress: Progress, split: str
+) -> pd.DataFrame:
+    """Load the model, play every instance of ``split`` greedily, release the backend."""
     from factor_cli.policy.generation import BACKENDS
 
-    policy = load_policy(model_path, cfg.model.dtype, cfg.model.device)
+    policy = load_policy(str(model_dir), cfg.model.dtype, cfg.model.device)
     gen = BACKENDS.get(cfg.rollout.backend)(
         policy, max_new_tokens=cfg.rollout.max_new_tokens, max_context=cfg.rollout.max_context
     )
-    return evaluate(gen, cfg, cfg.method, on_turn=lambda i, n: progress("eval", i, n))
+    try:
+        return evaluate(
+            gen, cfg, cfg.method, on_turn=lambda i, n: progress("eval", i, n), split=split
+        )
+    finally:
+        gen.close()
