@@ -121,7 +121,7 @@ def report_cmd(
         uri = resolve_tracking_uri(tracking_uri)
         runs = runs_table(study, uri, experiment)
     except LedgerError as exc:
-        fail(escape(str(exc)))
+        fail(str(exc))
     summary = summarize(runs)
     unfinished = runs[runs["status"] != "FINISHED"]
     if as_json:
@@ -197,15 +197,15 @@ def export_cmd(
     from factor_cli.ledger import LedgerError, export_items, resolve_tracking_uri
 
     if not out.name.lower().endswith(_PARQUET + _CSV):
-        fail(escape(f"--out {out}: unsupported file type; use one of {', '.join(_CSV + _PARQUET)}"))
+        fail(f"--out {out}: unsupported file type; use one of {', '.join(_CSV + _PARQUET)}")
     try:
         uri = resolve_tracking_uri(tracking_uri)
         items = export_items(study, uri, experiment, name=name, keep_latest=keep_latest, kind=kind)
     except LedgerError as exc:
-        fail(escape(str(exc)))
+        fail(str(exc))
     try:
         write_atomic(items, out)
     except (OSError, ValueError, ImportError) as exc:
-        fail(escape(f"cannot write {out}: {str(exc).splitlines()[0] if str(exc) else exc!r}"))
+        fail(f"cannot write {out}: {str(exc).splitlines()[0] if str(exc) else exc!r}")
     runs = items["run_id"].nunique()
     console.print(f"wrote {len(items)} items from {runs} runs of study {escape(study)} to {out}")
