@@ -79,8 +79,12 @@ def trained_env(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 def test_every_method_trains_two_steps(
     method: str, tiny_model_dir: Path, trained_env: Path
 ) -> None:
+    """Each method's step does what its METHODS entry says: the SERL KL term is logged
+    non-zero iff the method has one, the value head trains iff the method uses it, and
+    continuations are played iff the method's budget includes them."""
     from factor_cli.train.trainer import Trainer
 
+    spec = METHODS.get(method)
     cfg = load_config("smoke", tiny_overrides(tiny_model_dir, trained_env, method))
     trainer = Trainer(cfg)
     try:
@@ -89,8 +93,10 @@ def test_every_method_trains_two_steps(
             assert trainer.step == k
             for key in ("loss", "loss_action", "grad_norm", "return_mean"):
                 assert key in m and m[key] == m[key] and abs(m[key]) < 1e6, (key, m)
-            if METHODS.get(method).continuations:
-                assert m["continuation_interactions"] > 0 and "value_mse" in m
+            assert (m["kl"] != 0.0) == spec.kl, (m["kl"], m["kl_coef"])
+            assert (m["kl_coef"] > 0.0) == spec.kl
+            assert ("value_mse" in m) == spec.uses_value_head, m
+            assert (m["continuation_interactions"] > 0) == spec.continuations, m
     finally:
         trainer.close()
 
