@@ -72,6 +72,24 @@ def test_methods_table() -> None:
     assert "tac-serl-psi" in res.output and "gae-0.95" in res.output
 
 
+def test_methods_table_fits_80_columns_uncut() -> None:
+    """At 80 columns every cell is whole: nothing is cut to "…" and no row is wider."""
+    from factor_cli.credit import ESTIMATORS, METHODS
+
+    res = runner.invoke(app, ["credit", "methods"], env={"COLUMNS": "80"})
+    assert res.exit_code == 0
+    assert "…" not in res.output
+    assert max(len(line) for line in res.output.splitlines()) <= 80
+    methods_part, estimators_part = res.output.split("Credit estimators")
+    rows = {line.split()[0]: line.split() for line in methods_part.splitlines() if line.split()}
+    for name in METHODS:
+        spec = METHODS.get(name)
+        assert rows[name][:3] == [name, spec.estimator, spec.allocation]
+        assert rows[name][-1] == (spec.reduction or "protocol")
+    listed = {line.split()[0] for line in estimators_part.splitlines() if line.split()}
+    assert set(ESTIMATORS) <= listed
+
+
 def _write(tmp_path: Path, data: object) -> Path:
     p = tmp_path / "group.json"
     p.write_text(data if isinstance(data, str) else json.dumps(data))

@@ -144,21 +144,21 @@ def explain_cmd(
     _render(exp, weights)
 
 
+def _compact_table(title: str) -> Table:
+    """No vertical rules and no outer padding, so a registry listing fits 80 columns uncut."""
+    return Table(
+        title=title, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False
+    )
+
+
 @app.command("methods")
 def methods_cmd() -> None:
     """List every trainable method and ablation with its credit, allocation and schedule."""
     from factor_cli.credit import ESTIMATORS, METHODS
 
     wide = console.width >= 130  # the summary column only fits a wide terminal
-    # Compact (no vertical rules, no outer padding) so every column fits 80 terminal columns
-    # uncut; on a narrower terminal cells fold instead of being cut to "…".
-    table = Table(
-        title="Methods (credit registry)",
-        box=box.SIMPLE_HEAD,
-        padding=(0, 1),
-        pad_edge=False,
-        collapse_padding=True,
-    )
+    # Every column fits 80 terminal columns uncut; narrower, cells fold instead of being cut.
+    table = _compact_table("Methods (credit registry)")
     table.add_column("name", style="bold", overflow="fold")
     for col in ("credit", "allocation", "sched.", "KL", "cont.", "reduction"):
         table.add_column(col, overflow="fold")
@@ -178,13 +178,7 @@ def methods_cmd() -> None:
         table.add_row(*row, *([s.summary] if wide else []))
     console.print(table)
     console.print("sched.: the allocation strength schedule (eta_k, alpha_k or none)", style="dim")
-    est = Table(
-        title="Credit estimators",
-        box=box.SIMPLE_HEAD,
-        padding=(0, 1),
-        pad_edge=False,
-        collapse_padding=True,
-    )
+    est = _compact_table("Credit estimators")
     est.add_column("name", no_wrap=True, style="bold")
     for col in ("value head", "conserves A^seq", "summary"):
         est.add_column(col, overflow="fold")
