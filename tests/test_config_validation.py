@@ -55,7 +55,7 @@ def test_config_errors_name_the_set_item_and_field(override: str, message: str) 
 
 
 def test_a_missing_local_model_without_a_tiny_preset_is_caught(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="field model.path: .*no such model directory"):
+    with pytest.raises(ConfigError, match=r"field model.path: .*no such model directory"):
         load_config("smoke", [f"model.path={tmp_path / 'none'}", "model.init_tiny=null"])
 
 
