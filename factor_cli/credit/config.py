@@ -91,3 +91,7 @@ class CreditConfig:
 DEFAULTS = CreditConfig()
 """The defaults, for the keyword defaults of the credit functions (``allocation(tau=...)``), so
 each value is written once, in the field above."""
+
+PPO_CLIP_EPS = 0.2
+"""PPO's eps (DESIGN section 4): q is clipped to [1 - eps, 1 + eps]. Here, torch-free, so the
+training config (``optim.clip_eps``) and the losses read the one value."""

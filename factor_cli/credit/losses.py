@@ -24,11 +24,9 @@ from torch import Tensor
 from factor_cli.registry import Registry
 
 from . import checks
+from .config import PPO_CLIP_EPS
 from .segments import segment_count, segment_sum
 from .serl import action_kl
-
-PPO_CLIP_EPS = 0.2
-"""PPO's eps (DESIGN section 4): q is clipped to [1 - eps, 1 + eps]."""
 
 Reduction = Callable[[Tensor, Tensor, "float | None"], Tensor]
 REDUCTIONS: Registry[Reduction] = Registry("reduction")

@@ -34,7 +34,7 @@ from pydantic import (
     model_validator,
 )
 
-from factor_cli.credit.config import CreditConfig
+from factor_cli.credit.config import PPO_CLIP_EPS, CreditConfig
 from factor_cli.policy import value_defaults
 from factor_cli.policy.generation.base import (
     DEFAULT_MAX_CONTEXT,
@@ -179,7 +179,7 @@ class OptimConfig(Strict):
     ppo_epochs: int = Field(1, ge=1, description="PPO epochs per step.")
     minibatches: int = Field(1, ge=1, description="PPO mini-batches per epoch.")
     micro_batch_actions: int = Field(64, ge=1, description="Actions per forward pass.")
-    clip_eps: float = Field(0.2, gt=0, description="PPO clip epsilon.")
+    clip_eps: float = Field(PPO_CLIP_EPS, gt=0, description="PPO clip epsilon.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip.")
 
 
