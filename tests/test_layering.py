@@ -2,7 +2,7 @@
 
 - ``credit/`` and ``stats/`` load no other ``factor_cli`` module than the stdlib-only registry,
   so other RL stacks can import them on their own.
-- The command line starts without torch, transformers, scipy, pandas, mlflow, matplotlib or
+- The command line starts without torch, transformers, numpy, scipy, pandas, mlflow, matplotlib or
   DeepSpeed: ``factor --help`` and config errors do not pay for them.
 - The package has no import cycles between its sub-packages' modules that matter at import time:
   every module imports on its own in a fresh interpreter.
@@ -19,7 +19,17 @@ import pytest
 
 import factor_cli
 
-HEAVY = ("torch", "transformers", "scipy", "pandas", "mlflow", "matplotlib", "deepspeed", "vllm")
+HEAVY = (
+    "torch",
+    "transformers",
+    "numpy",
+    "scipy",
+    "pandas",
+    "mlflow",
+    "matplotlib",
+    "deepspeed",
+    "vllm",
+)
 
 
 def _loaded_after(statement: str) -> dict[str, list[str]]:

@@ -21,8 +21,6 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from .runner import Episode, RolloutRunner, Start
 
 # The one home of the continuation defaults (DESIGN sections 4-5); `continuations.*` in the
@@ -44,8 +42,15 @@ def select_checkpoints(num_actions: int, budget: int, rng: random.Random) -> lis
         return []
     if t_total < 4:
         return [t_total // 2]
-    chunks = np.array_split(np.arange(1, t_total), budget)
-    return [int(rng.choice(list(c))) for c in chunks if len(c)]
+    turns = list(range(1, t_total))
+    # numpy.array_split's rule: the first len % budget chunks hold one extra turn.
+    size, extra = divmod(len(turns), budget)
+    chunks, start = [], 0
+    for i in range(budget):
+        end = start + size + (1 if i < extra else 0)
+        chunks.append(turns[start:end])
+        start = end
+    return [int(rng.choice(c)) for c in chunks if c]
 
 
 @dataclass(frozen=True)
