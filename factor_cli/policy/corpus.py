@@ -9,7 +9,11 @@ variations), so the tokenizer never sees evaluation text.
   6 locations, cookingworld with 1 and 2 ingredients; no distractors, no doors). Cookingworld
   plays follow the gold path. Coin's gold agent walks with an unseeded random generator
   (``new scala.util.Random()`` in TWX 1.1.0's CoinGameGenerator), so its paths change from call
-  to call; coin plays use :func:`coin_walk`, a deterministic depth-first search, instead.
+  to call; coin plays use :func:`coin_walk`, a deterministic depth-first exploration, instead.
+  (The adapter's ``gold_actions`` is deterministic too now, a shortest plan by seeded search,
+  but the corpus keeps its exploration walks: they show the back-and-forth of an agent that
+  does not know where the coin is, and changing them would change the tokenizer and so every
+  tiny model built from the default corpus.)
 - ScienceWorld, when available: every task's description and first observation (one train
   variation each), plus ``scienceworld_games`` gold plays (default 0; ~3 s each). ScienceWorld
   gold paths and the order of listed items (e.g. "containing a, b") vary between processes, so

@@ -8,6 +8,7 @@ schema). ``resume(run_id)`` continues the same ledger run from the newest checkp
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -24,7 +25,14 @@ from . import checkpoint
 from .config import TrainConfig
 from .distributed import Ranks, init_distributed
 from .evaluate import evaluate, metric
-from .sft import gold_examples, sft_output_dir, supervised_finetune
+from .sft import (
+    TAG_DATA,
+    gold_examples,
+    sft_output_dir,
+    start_tags,
+    supervised_finetune,
+    write_warm_start_record,
+)
 from .trainer import Trainer, ensure_model
 
 Progress = Callable[[str, int, int], None]
@@ -42,7 +50,12 @@ class RunSummary:
 
 
 def warm_start(cfg: TrainConfig, progress: Progress, log: Log) -> str:
-    """The model RL starts from: the SFT model of this config (built once), or the base."""
+    """The model RL starts from: the SFT model of this config (built once), or the base.
+
+    A new SFT model gets ``warm_start.json`` (:mod:`factor_cli.train.sft`: the examples'
+    digest and the base and warm-started weights' SHA-256); it is written into a temporary
+    folder that is renamed into place, so a crash never leaves a half-made model to reuse.
+    """
     base = ensure_model(cfg)
     if not cfg.sft.enabled:
         return base
@@ -50,6 +63,7 @@ def warm_start(cfg: TrainConfig, progress: Progress, log: Log) -> str:
     if (out / "config.json").exists():
         log(f"warm start: reusing {out}")
         return str(out)
+    t0 = time.perf_counter()
     policy = load_policy(base, cfg.model.dtype, cfg.model.device)
     from factor_cli.policy.prompting import PromptFormat
 
@@ -66,10 +80,11 @@ def warm_start(cfg: TrainConfig, progress: Progress, log: Log) -> str:
     tmp = out.parent / f".{out.name}.tmp"
     policy.model.save_pretrained(tmp)
     policy.tokenizer.save_pretrained(tmp)
+    record = write_warm_start_record(tmp, base, examples, losses, cfg, time.perf_counter() - t0)
     tmp.rename(out)
     log(
-        f"warm start: {len(examples)} gold steps, "
-        f"loss {losses[0]:.3f} -> {losses[-1]:.3f}; saved {out}"
+        f"warm start: {len(examples)} gold steps (sha256 {record[TAG_DATA][:12]}), "
+        f"loss {losses[0]:.3f} -> {losses[-1]:.3f}; saved {out} in {record['seconds']:.0f} s"
     )
     return str(out)
 
@@ -132,6 +147,7 @@ def train(
                 "temperature": cfg.rollout.temperature,
                 "budget": f"{cfg.continuations.budget}x{cfg.continuations.per_checkpoint}",
                 "world_size": ranks.world,
+                **start_tags(cfg, model_path),
             },
         )
         if ranks.main

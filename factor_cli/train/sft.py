@@ -1,72 +1,168 @@
 """Supervised warm start on gold plays, so a tiny model emits valid actions before RL.
 
 Each gold step becomes (student prompt x_t, reply ``<action>a_t</action>``); the loss is the
-mean cross-entropy of the reply tokens. Gold plays come from the engines' own gold paths
-(TextWorldExpress, ScienceWorld) or ALFWorld's expert plans, on the manifest's train instances.
-A plain torch Adam loop: the SFT model is saved and RL starts from it.
+mean cross-entropy of the reply tokens. Gold plays come from the adapters' ``gold_actions`` on
+the manifest's train instances (TextWorldExpress: the engine's gold path, or the project's
+seeded search where the engine's is unseeded; ScienceWorld gold paths; ALFWorld walkthroughs or
+expert plans). A plain torch Adam loop: the SFT model is saved and RL starts from it.
+
+The warm start is a function of the config, byte for byte, for one torch build and CPU kind
+(checked in separate fresh processes with different thread settings, ``tests/test_sft.py``):
+
+- the games: ``cfg.sft.games`` draws by ``random.Random(cfg.seed)`` from the train instances;
+- their plans: deterministic per instance, and each is played to a win before its steps are
+  used (a play that does not win is an EnvError, never training data);
+- the batch order: ``torch.randperm`` on a generator seeded with ``cfg.seed``; torch's global
+  generator is seeded too (dropout, if a model has any);
+- the arithmetic: on the CPU the loop runs on :data:`SFT_THREADS` intra-op threads whatever the
+  machine has, because a float sum split over another number of threads rounds differently
+  (measured: the smoke warm start on 1 and on 2 threads gave different weights);
+- the record: ``warm_start.json`` in the model folder holds the SHA-256 of the examples
+  (:func:`examples_digest`), of the base weights and of the warm-started weights; the training
+  run carries the first and last as the ledger tags ``sft_data_sha256`` and
+  ``start_weights_sha256`` (:func:`start_tags`).
+
+Not covered: ScienceWorld's gold agents draw from the JVM's unseeded global generator (e.g. which
+flower pot grow-plant uses) and from object ids that depend on what the process loaded before,
+so its gold plays, and a warm start on them, can differ between processes (measured in pairs
+of processes: grow-plant/L0/0 differed; with that generator seeded per instance, grow-plant/L1/3
+still did; melt, boil, use-thermometer and find-living-thing never did); the recorded data
+digest shows when they did. On CUDA, byte identity would also need torch's deterministic
+algorithms (not checked here).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from factor_cli.envs import make_env
+from factor_cli.envs import EnvError, Environment, make_env
 from factor_cli.policy.generation import score_replies, truncate_middle
 from factor_cli.policy.prompting import ACTION_CLOSE, ACTION_OPEN, PromptFormat, TurnView, render
 
 from .config import TrainConfig
 from .data import instances
 
+Example = tuple[list[int], list[int]]
+"""(prompt token ids, reply token ids) of one gold step."""
+WARM_START_FILE = "warm_start.json"
+GOLD_VERSION = 2
+"""Bumped when gold plays change (2: deterministic TWX coin/twc plans), so a warm start cached
+under the old plays is not reused for a config that now means other data."""
+GOLD_MAX_TURNS = 1000
+"""Turn limit of the gold plays: a plan is played to its win, not cut at an RL horizon
+(ScienceWorld's grow-fruit gold takes 63 actions; the adapters' default limit is 50)."""
+TAG_DATA = "sft_data_sha256"
+TAG_WEIGHTS = "start_weights_sha256"
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+SFT_THREADS = 1
+"""Intra-op threads of a CPU warm start (module docstring); on the 1M model one thread was as
+fast as two (41 s vs 46 s for the smoke preset's 24 steps on a busy 2-core machine)."""
+
 
 def gold_examples(
     cfg: TrainConfig,
-    tokenizer: object,
+    tokenizer: Any,
     fmt: PromptFormat,
     progress: Callable[[int, int], None] | None = None,
-) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, reply ids) for every step of ``cfg.sft.games`` gold plays."""
+) -> list[Example]:
+    """(prompt ids, reply ids) for every step of ``cfg.sft.games`` gold plays (module doc)."""
     pool = instances(cfg, "train")
     rng = random.Random(cfg.seed)
     chosen = [rng.choice(pool) for _ in range(cfg.sft.games)]
     budget = cfg.rollout.max_context - cfg.rollout.max_new_tokens
-    out: list[tuple[list[int], list[int]]] = []
-    with make_env(cfg.env.name, **cfg.env.options) as env:
+    out: list[Example] = []
+    plans: dict[str, list[str]] = {}  # instances drawn twice are searched once
+    with make_env(cfg.env.name, **{"max_turns": GOLD_MAX_TURNS, **cfg.env.options}) as env:
         for g, inst in enumerate(chosen):
-            gold = env.gold_actions(inst.instance_id)
-            obs = [env.reset(inst.instance_id)]
-            task = env.task_description()
-            history: list[tuple[str, str]] = []
-            for action in gold:
-                text = render(fmt, TurnView(task, history, obs[-1]), tokenizer)
-                prompt, _ = truncate_middle(
-                    tokenizer.encode(text, add_special_tokens=False), budget
-                )  # type: ignore[attr-defined]
-                reply = tokenizer.encode(
-                    f"{ACTION_OPEN}{action}{ACTION_CLOSE}", add_special_tokens=False
-                )  # type: ignore[attr-defined]
-                out.append((prompt, reply))
-                step = env.step(action)
-                history.append((action, step.observation))
-                obs.append(step.observation)
-                if env.done:
-                    break
+            if inst.instance_id not in plans:
+                plans[inst.instance_id] = env.gold_actions(inst.instance_id)
+            out += _play_gold(
+                env, inst.instance_id, plans[inst.instance_id], tokenizer, fmt, budget
+            )
             if progress:
                 progress(g + 1, len(chosen))
     return out
 
 
+def _play_gold(
+    env: Environment,
+    instance_id: str,
+    gold: Sequence[str],
+    tokenizer: Any,
+    fmt: PromptFormat,
+    budget: int,
+) -> list[Example]:
+    """The examples of one gold play, which must win (EnvError naming the instance if not)."""
+    obs = env.reset(instance_id)
+    task = env.task_description()
+    history: list[tuple[str, str]] = []
+    out: list[Example] = []
+    for action in gold:
+        text = render(fmt, TurnView(task, history, obs), tokenizer)
+        prompt, _ = truncate_middle(tokenizer.encode(text, add_special_tokens=False), budget)
+        reply = tokenizer.encode(f"{ACTION_OPEN}{action}{ACTION_CLOSE}", add_special_tokens=False)
+        out.append((prompt, reply))
+        obs = env.step(action).observation
+        history.append((action, obs))
+        if env.done:
+            break
+    if not env.success:
+        raise EnvError(
+            f"{env.spec.name}: the gold play of {instance_id} did not win ({len(env.actions)} "
+            f"of {len(gold)} actions, score {env.score}); it is not used as training data"
+        )
+    return out
+
+
+def examples_digest(examples: Sequence[Example]) -> str:
+    """SHA-256 of the examples' canonical JSON (``[[prompt ids, reply ids], ...]``, in order)."""
+    canon = json.dumps([[list(p), list(r)] for p, r in examples], separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
 def supervised_finetune(
     model: torch.nn.Module,
-    examples: list[tuple[list[int], list[int]]],
+    examples: list[Example],
     cfg: TrainConfig,
     pad_id: int,
     progress: Callable[[int, int, float], None] | None = None,
 ) -> list[float]:
-    """Adam on the reply tokens' cross-entropy; returns the loss of every optimizer step."""
+    """Adam on the reply tokens' cross-entropy; returns the loss of every optimizer step.
+
+    Deterministic for a given model, examples and config (module docstring).
+    """
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    with fixed_threads(SFT_THREADS) if on_cpu else nullcontext():
+        return _finetune(model, examples, cfg, pad_id, progress)
+
+
+@contextmanager
+def fixed_threads(n: int) -> Iterator[None]:
+    """Run a block on ``n`` torch intra-op threads, restoring the previous count after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _finetune(
+    model: torch.nn.Module,
+    examples: list[Example],
+    cfg: TrainConfig,
+    pad_id: int,
+    progress: Callable[[int, int, float], None] | None,
+) -> list[float]:
+    torch.manual_seed(cfg.seed)  # the global generator: dropout, if the model has any
     gen = torch.Generator().manual_seed(cfg.seed)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.sft.lr)
     model.train()
@@ -93,9 +189,6 @@ def supervised_finetune(
 
 def sft_output_dir(cfg: TrainConfig) -> Path:
     """Where the warm-started model of this config lives (reused by later runs)."""
-    import hashlib
-    import json
-
     key = json.dumps(
         [
             cfg.model.path,
@@ -103,7 +196,85 @@ def sft_output_dir(cfg: TrainConfig) -> Path:
             cfg.sft.model_dump(),
             cfg.seed,
             cfg.rollout.history_turns,
+            f"gold-v{GOLD_VERSION}",
         ],
         sort_keys=True,
     )
     return Path(f"{cfg.model.path.rstrip('/')}-sft-{hashlib.sha256(key.encode()).hexdigest()[:8]}")
+
+
+def weights_sha256(model_dir: Path | str) -> str:
+    """SHA-256 of a model folder's weights: of the file itself when there is one weights file
+    (``sha256sum model.safetensors`` gives the same), else of the ``sha256sum``-style lines
+    ``<digest>  <name>`` of every weights file, sorted by name.
+
+    Raises FileNotFoundError when the folder holds no weights file.
+    """
+    folder = Path(model_dir)
+    files = sorted(f for f in folder.iterdir() if f.is_file() and f.suffix in WEIGHT_SUFFIXES)
+    if not files:
+        raise FileNotFoundError(f"{folder}: no weights file (*.safetensors, *.bin)")
+    digests = [(_file_sha256(f), f.name) for f in files]
+    if len(digests) == 1:
+        return digests[0][0]
+    lines = "".join(f"{d}  {name}\n" for d, name in digests)
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_warm_start_record(
+    model_dir: Path,
+    base: str,
+    examples: Sequence[Example],
+    losses: Sequence[float],
+    cfg: TrainConfig,
+    seconds: float,
+) -> dict[str, Any]:
+    """Write and return ``warm_start.json`` of the SFT model saved in ``model_dir``.
+
+    Digests: ``sft_data_sha256`` (:func:`examples_digest`), ``base_weights_sha256`` (of the
+    model the SFT started from; None for a hub id) and ``weights_sha256`` (of ``model_dir``).
+    The torch version is kept beside them: byte identity holds for one torch build.
+    """
+    record = {
+        "base": base,
+        "base_weights_sha256": weights_sha256(base) if Path(base).is_dir() else None,
+        TAG_DATA: examples_digest(examples),
+        "weights_sha256": weights_sha256(model_dir),
+        "examples": len(examples),
+        "games": cfg.sft.games,
+        "optimizer_steps": len(losses),
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+        "seconds": round(seconds, 3),
+        "torch": torch.__version__,
+        "device": cfg.model.device,
+        "cpu_threads": SFT_THREADS,
+    }
+    (model_dir / WARM_START_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return record
+
+
+def start_tags(cfg: TrainConfig, model_path: str) -> dict[str, str]:
+    """Ledger tags naming what a training run starts from (module docstring).
+
+    ``start_weights_sha256``: :func:`weights_sha256` of ``model_path`` when it is a local
+    folder (a hub id is named instead); ``sft_data_sha256``: the examples' digest from the
+    folder's ``warm_start.json``, ``none`` without a warm start, ``unknown`` for a warm start
+    built before the record existed.
+    """
+    folder = Path(model_path)
+    weights = weights_sha256(folder) if folder.is_dir() else f"unknown (hub id {model_path})"
+    if not cfg.sft.enabled:
+        data = "none"
+    else:
+        record = folder / WARM_START_FILE
+        data = json.loads(record.read_text())[TAG_DATA] if record.is_file() else "unknown"
+    return {TAG_WEIGHTS: weights, TAG_DATA: data}
