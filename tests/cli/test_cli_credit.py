@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from factor_cli.cli.main import app
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "coin_group.json"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "coin_group.json"
 runner = CliRunner()
 
 

@@ -174,7 +174,7 @@ def test_cli_build_unknown_env() -> None:
 
 def test_committed_manifests_verify() -> None:
     """The manifests shipped in splits/ match their lock, counts and (sampled) environments."""
-    splits = Path(__file__).resolve().parents[1] / "splits"
+    splits = Path(__file__).resolve().parents[2] / "splits"
     reports, problems = verify_dir(splits, sample=8)
     assert problems == []
     by_name = {r.manifest: r for r in reports}

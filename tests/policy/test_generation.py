@@ -28,7 +28,7 @@ from factor_cli.policy.generation.base import (
 from factor_cli.policy.generation.hf import HFGenerator
 from factor_cli.policy.generation.vllm import VLLMGenerator
 
-PACKAGE = Path(__file__).resolve().parents[1] / "factor_cli"
+PACKAGE = Path(__file__).resolve().parents[2] / "factor_cli"
 
 
 def _run(code: str) -> str:
