@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from factor_cli.atomic import atomic_target
-from factor_cli.ledger import start_run
+from factor_cli.ledger import check_store, start_run
 from factor_cli.policy.model import load_policy
 
 from . import checkpoint
@@ -126,6 +126,8 @@ def train(
     """
     init_distributed(cfg.model.device)
     ranks = Ranks()
+    if ranks.main:  # a bad store fails now, not after minutes of warm start
+        check_store(cfg.tracking_uri)
     if not ranks.main:
         progress, log = (lambda phase, i, n: None), (lambda msg: None)
     model_path = ranks.first(lambda: warm_start(cfg, progress, log))
