@@ -19,7 +19,7 @@ from factor_cli.train.config import ConfigError, load_config
 
 twx_missing = availability("twx")
 needs_twx = pytest.mark.skipif(twx_missing is not None, reason=f"twx: {twx_missing}")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_overrides(model: Path, tmp: Path, method: str = "factor", steps: int = 2) -> list[str]:

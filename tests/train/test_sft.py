@@ -19,7 +19,7 @@ from factor_cli.train.config import load_config
 
 twx_missing = availability("twx")
 pytestmark = pytest.mark.skipif(twx_missing is not None, reason=f"twx: {twx_missing}")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COIN6 = "numLocations=6,numDistractorItems=0,includeDoors=0"
 
 GOLD_SCRIPT = textwrap.dedent(
