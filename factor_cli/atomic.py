@@ -1,12 +1,19 @@
 """Crash-safe file writes: write to a temporary file beside the target, then rename onto it.
 
 A crashed or interrupted write leaves the previous file (or nothing) in place, never half a file.
+:func:`build_lock` serialises builders of one shared output (a tiny model, a warm start) across
+processes, so concurrent jobs (a study's cells) build it once and the others reuse it.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; builders are not serialised there
+    fcntl = None  # type: ignore[assignment]
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,3 +44,23 @@ def atomic_write_text(path: Path, text: str) -> None:
         fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+@contextmanager
+def build_lock(target: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``.<name>.lock`` beside ``target`` while building it.
+
+    Blocks until no other process holds it; the caller re-checks whether ``target`` exists
+    inside the block (another process may have built it meanwhile). The lock is released when
+    the block ends or the process dies, so a crashed builder never blocks the next one.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(target.parent / f".{target.name}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock

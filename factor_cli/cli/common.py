@@ -91,6 +91,14 @@ def run_app(app: Callable[[], object]) -> None:
     debug = os.environ.get("FACTOR_DEBUG", "") not in ("", "0")
     try:
         app()
+    except SystemExit as exc:
+        # typer turns a Ctrl-C in plain Python into a silent exit 130 (``Exit(130) from`` the
+        # KeyboardInterrupt); say so, as for every other interrupt. Commands that explain their
+        # own interrupt (``factor train``) raise their exit without that cause.
+        cause = getattr(exc.__context__, "__cause__", None)
+        if exc.code == EXIT_INTERRUPTED and isinstance(cause, KeyboardInterrupt):
+            err_console.print(Text("interrupted", style="yellow"))
+        raise
     except KeyboardInterrupt:
         if debug:
             raise

@@ -8,6 +8,7 @@ schema). ``resume(run_id)`` continues the same ledger run from the newest checkp
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -17,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from factor_cli.atomic import atomic_target
+from factor_cli.atomic import atomic_target, build_lock
 from factor_cli.ledger import check_store, start_run
 from factor_cli.policy.model import load_policy
 
@@ -60,9 +61,16 @@ def warm_start(cfg: TrainConfig, progress: Progress, log: Log) -> str:
     if not cfg.sft.enabled:
         return base
     out = sft_output_dir(cfg)
-    if (out / "config.json").exists():
-        log(f"warm start: reusing {out}")
-        return str(out)
+    with build_lock(out):  # concurrent jobs of one config build it once
+        if (out / "config.json").exists():
+            log(f"warm start: reusing {out}")
+            return str(out)
+        _build_warm_start(cfg, base, out, progress, log)
+    return str(out)
+
+
+def _build_warm_start(cfg: TrainConfig, base: str, out: Path, progress: Progress, log: Log) -> None:
+    """SFT ``base`` on the config's gold plays into ``out`` (called under its build lock)."""
     t0 = time.perf_counter()
     policy = load_policy(base, cfg.model.dtype, cfg.model.device)
     from factor_cli.policy.prompting import PromptFormat
@@ -78,6 +86,7 @@ def warm_start(cfg: TrainConfig, progress: Progress, log: Log) -> str:
         policy.model, examples, cfg, int(pad), lambda i, n, loss: progress("sft", i, n)
     )
     tmp = out.parent / f".{out.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)  # left by a builder that crashed
     policy.model.save_pretrained(tmp)
     policy.tokenizer.save_pretrained(tmp)
     record = write_warm_start_record(tmp, base, examples, losses, cfg, time.perf_counter() - t0)
@@ -86,7 +95,6 @@ def warm_start(cfg: TrainConfig, progress: Progress, log: Log) -> str:
         f"warm start: {len(examples)} gold steps (sha256 {record[TAG_DATA][:12]}), "
         f"loss {losses[0]:.3f} -> {losses[-1]:.3f}; saved {out} in {record['seconds']:.0f} s"
     )
-    return str(out)
 
 
 def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
@@ -191,8 +199,6 @@ def train(
             trainer.engine.save_pretrained(tmp, trainer.policy.tokenizer)  # all ranks: ZeRO-3
             if ranks.main:
                 if final.exists():
-                    import shutil
-
                     shutil.rmtree(final)
                 tmp.rename(final)
             items = evaluate(

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from factor_cli.atomic import build_lock
 from factor_cli.credit import (
     METHODS,
     CreditAssignment,
@@ -64,7 +65,9 @@ def ensure_model(cfg: TrainConfig) -> str:
     """The model path to load, building the tiny preset there first when asked and missing."""
     path = Path(cfg.model.path)
     if cfg.model.init_tiny and not (path / "config.json").exists():
-        init_tiny(path, cfg.model.init_tiny, seed=0, overwrite=path.exists())
+        with build_lock(path):  # concurrent jobs build it once
+            if not (path / "config.json").exists():
+                init_tiny(path, cfg.model.init_tiny, seed=0, overwrite=path.exists())
     return cfg.model.path
 
 

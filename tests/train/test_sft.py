@@ -204,3 +204,45 @@ def test_start_tags_without_warm_start(tiny_model_dir: Path, tmp_path: Path) -> 
         "start_weights_sha256": file_digest,
         "sft_data_sha256": "none",
     }
+
+
+CONCURRENT_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from factor_cli.train.config import load_config
+    from factor_cli.train.run import warm_start
+    cfg = load_config("smoke", sys.argv[1:])
+    logs = []
+    out = warm_start(cfg, lambda *a: None, logs.append)
+    print(json.dumps({"dir": out, "reused": any("reusing" in m for m in logs)}))
+    """
+)
+
+
+def test_two_jobs_starting_at_once_build_the_tiny_model_and_warm_start_once(
+    tmp_path: Path,
+) -> None:
+    """Two copies of one config launched together (a study's cells): one builds the tiny base
+    model and the warm start, the other waits and reuses them; both end with the same model."""
+    base = tmp_path / "tiny"  # missing: both jobs want to build it (model.init_tiny=1m)
+    args = [*sft_overrides(base, tmp_path), "model.init_tiny=1m"]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CONCURRENT_SCRIPT, *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert results[0]["dir"] == results[1]["dir"]
+    assert sorted(r["reused"] for r in results) == [False, True]
+    assert (Path(results[0]["dir"]) / "model.safetensors").is_file()
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert leftovers == []
