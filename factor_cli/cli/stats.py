@@ -113,7 +113,8 @@ def _user_errors(source: Path | None = None) -> Iterator[None]:
 
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid input"
         about_file = source is not None and not isinstance(exc, TableOptionError)
-        if about_file and str(source) not in message:
+        # The path may stand in the fix (an iconv hint) without saying where the error is.
+        if about_file and str(source) not in message.split(";")[0]:
             message = f"{source}: {message}"
         fail(message)
 
