@@ -599,3 +599,14 @@ def test_paths_with_markup_characters_reach_the_user_unchanged(tmp_path: Path) -
     odd.write_bytes(b"")
     code, _, err = invoke("table", "main", "-i", str(odd))
     assert one_line_error(code, err).startswith(f"error: {odd}: line 1: the file is empty")
+
+
+def test_a_relative_path_named_in_the_fix_still_leads_the_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The iconv hint names the file; the message must still start by saying which file."""
+    data, needle = EMPTY_AND_LATIN1["latin-1"]
+    (tmp_path / "bad.csv").write_bytes(data)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = invoke("bootstrap", "-i", "bad.csv", "-e", "alfworld", "-m", "FACTOR", "-b", "S")
+    assert one_line_error(code, err).startswith(f"error: bad.csv: {needle}")
