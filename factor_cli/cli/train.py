@@ -122,7 +122,7 @@ def train_cmd(
             if opened
             else "no ledger run was opened yet; nothing to resume"
         )
-        err_console.print(Text.assemble(("interrupted", "yellow"), f": {again}"))
+        err_console.print(Text.assemble(("interrupted", "yellow"), f": {again}"), soft_wrap=True)
         raise typer.Exit(143 if isinstance(exc, RunTerminated) else EXIT_INTERRUPTED) from None
     table = Table(title=f"Run {summary.run_id}")
     table.add_column("metric")
@@ -221,7 +221,7 @@ def _evaluate(
         fail(first_line(exc))
     except KeyboardInterrupt as exc:
         closed = f"ledger run {opened[0]} closed as KILLED" if opened else "no ledger run opened"
-        err_console.print(Text.assemble(("interrupted", "yellow"), f": {closed}"))
+        err_console.print(Text.assemble(("interrupted", "yellow"), f": {closed}"), soft_wrap=True)
         raise typer.Exit(143 if isinstance(exc, RunTerminated) else EXIT_INTERRUPTED) from None
 
 

@@ -357,3 +357,48 @@ def test_engine_crash_mid_rollout_is_survived(tiny_model_dir: Path, tmp_path: Pa
         assert trainer.train_step().metrics["episodes_lost"] == 0.0
     finally:
         trainer.close()
+
+
+@needs_twx
+def test_ctrl_c_names_the_run_and_its_resume_command(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Ctrl-C mid-run: exit 130, the ledger run closed KILLED, and stderr prints the exact
+    command that continues it (the run's id, the same --set items), which then finishes it."""
+    import shlex
+
+    import mlflow
+
+    proc = subprocess.Popen(
+        _train_cmd(tiny_model_dir, tmp_path, []),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    deadline = time.time() + 900
+    while time.time() < deadline and proc.poll() is None:
+        if list((tmp_path / "runs").glob("*/checkpoints/latest")):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-3000:]
+    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if (p / "checkpoints").is_dir()]
+    line = err.strip().splitlines()[-1]
+    command = line.split("`")[1]
+    assert line.startswith("interrupted: resume with `factor train --resume ")
+    assert "RUN_ID" not in line and run_dir.name in command
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert client.get_run(run_dir.name).info.status == "KILLED"
+    argv = shlex.split(command)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "factor_cli", *argv[1:]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert resumed.returncode == 0, resumed.stdout[-1500:] + resumed.stderr[-3000:]
+    assert client.get_run(run_dir.name).info.status == "FINISHED"
