@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from factor_cli.envs import ENVIRONMENTS, EnvError, availability, make_env
 
@@ -34,7 +36,7 @@ def list_cmd() -> None:
     for name in ENVIRONMENTS:
         spec = ENVIRONMENTS.get(name).spec
         missing = availability(name)
-        status = "[green]available[/]" if missing is None else f"[red]missing:[/] {missing}"
+        status = "[green]available[/]" if missing is None else f"[red]missing:[/] {escape(missing)}"
         row = [name, status, spec.instance_format, str(spec.max_turns)]
         table.add_row(*row, *([spec.convention, spec.metric] if wide else []))
     console.print(table)
@@ -73,24 +75,26 @@ def play_cmd(
     try:
         with make_env(env_name) as env:
             obs = env.reset(instance)
-            out.print(f"[bold]{env.task_description()}[/]")
-            out.print(obs)
+            out.print(Text(env.task_description(), style="bold"))
+            out.print(Text(obs))
             steps = 0
             while not env.done:
                 if actions is not None:
                     if steps >= len(actions):
                         break
                     action = actions[steps]
-                    out.print(f"[cyan]> {action}[/]")
+                    out.print(Text(f"> {action}", style="cyan"))
                 else:
                     if show_valid:
-                        out.print(f"[dim]valid: {', '.join(env.valid_actions()[:40])}[/]")
+                        out.print(
+                            Text(f"valid: {', '.join(env.valid_actions()[:40])}", style="dim")
+                        )
                     action = typer.prompt(">", prompt_suffix=" ").strip()
                     if action in ("quit", "exit"):
                         break
                 result = env.step(action)
                 steps += 1
-                out.print(result.observation)
+                out.print(Text(result.observation))
                 if not result.valid:
                     out.print("[yellow](invalid action)[/]")
             res = env.outcome()
@@ -143,4 +147,4 @@ def alfworld_generate_cmd(
             evals = generate(root, eval_per_category, seed, "eval")
     except (EnvError, ValueError, OSError) as exc:
         fail(f"alfworld-generate: {exc}")
-    console.print(f"wrote {len(train)} train and {len(evals)} eval games under {root}")
+    console.print(Text(f"wrote {len(train)} train and {len(evals)} eval games under {root}"))

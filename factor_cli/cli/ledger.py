@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from factor_cli.atomic import atomic_target
 
@@ -208,4 +209,4 @@ def export_cmd(
     except (OSError, ValueError, ImportError) as exc:
         fail(f"cannot write {out}: {str(exc).splitlines()[0] if str(exc) else exc!r}")
     runs = items["run_id"].nunique()
-    console.print(f"wrote {len(items)} items from {runs} runs of study {escape(study)} to {out}")
+    console.print(Text(f"wrote {len(items)} items from {runs} runs of study {study} to {out}"))

@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from factor_cli.envs import EnvError
 from factor_cli.policy.presets import TINY_PRESETS, get_preset
 
-from .common import console, err_console, fail
+from .common import console, fail
 
 app = typer.Typer(
     rich_markup_mode="markdown",
@@ -70,7 +71,7 @@ def init_tiny_cmd(
             init_tiny(out, preset, texts, seed, overwrite=force)
     except (EnvError, ValueError, OSError) as exc:
         fail(str(exc))
-    console.print(f"[green]saved[/] {out} ({time.perf_counter() - t0:.1f} s)")
+    console.print(f"[green]saved[/] {escape(str(out))} ({time.perf_counter() - t0:.1f} s)")
     _print_summary(_describe(str(out)))
 
 
@@ -92,8 +93,7 @@ def info_cmd(
     else:
         _print_summary(summary)
     if not summary["round_trip_ok"]:
-        err_console.print("[bold red]error:[/] tokenizer round trip failed", highlight=False)
-        raise typer.Exit(1)
+        fail("tokenizer round trip failed: decode(encode(text)) differs from the text")
 
 
 def _describe(path: str) -> dict[str, Any]:
@@ -133,7 +133,7 @@ def _describe(path: str) -> dict[str, Any]:
 
 
 def _print_summary(s: dict[str, Any]) -> None:
-    table = Table(title=f"model {s['path']}", show_header=False)
+    table = Table(title=escape(f"model {s['path']}"), show_header=False)
     table.add_column("field", style="bold", no_wrap=True)
     table.add_column("value")
     shape = (
@@ -147,7 +147,7 @@ def _print_summary(s: dict[str, Any]) -> None:
         ("parameters", f"{s['parameters']:,}"),
         ("shape", shape),
         ("vocabulary", f"tokenizer {s['tokenizer_size']}, embedding rows {s['embedding_rows']}"),
-        ("tokenizer", f"{s['tokenizer_class']}; {specials}"),
+        ("tokenizer", escape(f"{s['tokenizer_class']}; {specials}")),
         ("chat template", "yes" if s["chat_template"] else "no"),
         ("<action> single token", "yes" if s["action_tags_single_token"] else "no"),
         (

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from factor_cli.envs import EnvError, availability, make_env
 from factor_cli.resources import splits_dir as resolve_splits_dir
@@ -21,7 +23,6 @@ app = typer.Typer(
     help="Split manifests with per-instance SHA-256 checksums.",
     no_args_is_help=True,
 )
-
 
 
 def _progress() -> Progress:
@@ -74,7 +75,7 @@ def build_cmd(
             )
     except (EnvError, ValueError) as exc:
         fail(f"{env_name}: {exc}")
-    console.print(f"wrote {path} (digest recorded in {splits_dir / 'splits.lock'})")
+    console.print(Text(f"wrote {path} (digest recorded in {splits_dir / 'splits.lock'})"))
 
 
 def verify_cmd(
@@ -109,18 +110,18 @@ def verify_cmd(
             reports, problems = verify_dir(splits_dir, sample=sample, progress=tick)
     except (ManifestError, EnvError) as exc:
         fail(str(exc))
-    table = Table(title=f"Split manifests in {splits_dir}")
+    table = Table(title=escape(f"Split manifests in {splits_dir}"))
     for col in ("manifest", "rows", "train", "eval", "checksums"):
         table.add_column(col)
     for r in reports:
-        table.add_row(r.manifest, str(r.rows), str(r.train), str(r.eval), r.note)
+        table.add_row(escape(r.manifest), str(r.rows), str(r.train), str(r.eval), escape(r.note))
     console.print(table)
     if problems:
         bad = Table(title=f"{len(problems)} problem(s)", title_style="bold red")
         for col in ("manifest", "kind", "detail"):
             bad.add_column(col)
         for p in problems:
-            bad.add_row(p.manifest, p.kind, p.detail)
+            bad.add_row(escape(p.manifest), escape(p.kind), escape(p.detail))
         console.print(bad)
         raise typer.Exit(1)
     console.print("[green]all manifests verified[/]")

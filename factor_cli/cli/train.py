@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -50,6 +51,11 @@ class _Bars:
         if phase not in self.tasks:
             self.tasks[phase] = self.bar.add_task(phase, total=n)
         self.bar.update(self.tasks[phase], completed=i, total=n)
+
+
+def _plain(message: str) -> None:
+    """Log a library message as literal text (paths may hold "[")."""
+    console.print(Text(message))
 
 
 def _load(config: str, overrides: list[str]) -> TrainConfig:
@@ -102,14 +108,14 @@ def train_cmd(
 
     console.quiet = not _main_rank()  # errors still reach stderr (common.fail)
     console.print(
-        f"[bold]factor train[/] {cfg.study}/{cfg.method} on {cfg.env.name}, "
+        f"[bold]factor train[/] {escape(cfg.study)}/{cfg.method} on {cfg.env.name}, "
         f"{cfg.total_steps} steps, seed {cfg.seed}"
     )
     opened: list[str] = []
     try:
         with _progress() as bar:
             summary = train(
-                cfg, _Bars(bar), console.print, resume_run_id=resume, on_run=opened.append
+                cfg, _Bars(bar), _plain, resume_run_id=resume, on_run=opened.append
             )
     except (ValueError, OSError) as exc:
         fail(first_line(exc))
@@ -144,8 +150,10 @@ def train_cmd(
         table.add_row("eval macro success", f"{summary.eval_metric:.4f}")
     console.print(table)
     console.print(
-        f"results: {summary.run_dir} (items: {summary.items_path}); "
-        f"ledger: `factor ledger report --study {cfg.study}`"
+        Text(
+            f"results: {summary.run_dir} (items: {summary.items_path}); "
+            f"ledger: `factor ledger report --study {cfg.study}`"
+        )
     )
 
 
@@ -235,7 +243,7 @@ def sft_cmd(
 
     try:
         with _progress() as bar:
-            path = warm_start(cfg, _Bars(bar), console.print)
+            path = warm_start(cfg, _Bars(bar), _plain)
     except (ValueError, FileNotFoundError) as exc:
         fail(str(exc).splitlines()[0])
-    console.print(f"warm-started model: {path}")
+    console.print(Text(f"warm-started model: {path}"))

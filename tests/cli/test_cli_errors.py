@@ -156,3 +156,16 @@ def test_ctrl_c_during_splits_build_is_quiet_and_writes_nothing(tmp_path: Path) 
         assert read_lock(out)["twx_ids.csv"] == file_digest(manifest)
     leftovers = list(out.glob(".*")) if out.exists() else []
     assert leftovers == []  # no temporary files
+
+
+@needs_twx
+def test_user_text_with_markup_is_printed_literally(tmp_path: Path) -> None:
+    """Actions, observations and paths are data, never rich markup (a "[/x]" once crashed)."""
+    script = tmp_path / "[x]" / "actions.txt"
+    script.parent.mkdir()
+    script.write_text("[/x] look [bold]around\nmove east\n")
+    result = runner.invoke(
+        app, ["envs", "play", "twx", "--instance", "coin/0", "--script", str(script)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "> [/x] look [bold]around" in result.output
