@@ -55,7 +55,7 @@ class _Bars:
 
 def _plain(message: str) -> None:
     """Log a library message as literal text (paths may hold "[")."""
-    console.print(Text(message))
+    console.print(Text(message), soft_wrap=True)  # paths stay whole, for copying
 
 
 def _load(config: str, overrides: list[str]) -> TrainConfig:
@@ -114,9 +114,7 @@ def train_cmd(
     opened: list[str] = []
     try:
         with _progress() as bar:
-            summary = train(
-                cfg, _Bars(bar), _plain, resume_run_id=resume, on_run=opened.append
-            )
+            summary = train(cfg, _Bars(bar), _plain, resume_run_id=resume, on_run=opened.append)
     except (ValueError, OSError) as exc:
         fail(first_line(exc))
     except KeyboardInterrupt as exc:
@@ -153,7 +151,8 @@ def train_cmd(
         Text(
             f"results: {summary.run_dir} (items: {summary.items_path}); "
             f"ledger: `factor ledger report --study {cfg.study}`"
-        )
+        ),
+        soft_wrap=True,
     )
 
 
@@ -246,4 +245,4 @@ def sft_cmd(
             path = warm_start(cfg, _Bars(bar), _plain)
     except (ValueError, FileNotFoundError) as exc:
         fail(str(exc).splitlines()[0])
-    console.print(Text(f"warm-started model: {path}"))
+    console.print(Text(f"warm-started model: {path}"), soft_wrap=True)
