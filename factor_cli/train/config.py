@@ -73,6 +73,15 @@ class ModelConfig(Strict):
     )
     device: str = Field("cpu", description="Device: cpu, cuda, cuda:N.")
 
+    @field_validator("init_tiny")
+    @classmethod
+    def _init_tiny(cls, v: str | None) -> str | None:
+        from factor_cli.policy.presets import TINY_PRESETS  # torch-free
+
+        if v is not None and v not in TINY_PRESETS:
+            raise ValueError(f"unknown tiny preset {v!r}; valid: {', '.join(TINY_PRESETS)}")
+        return v
+
     @field_validator("device")
     @classmethod
     def _device(cls, v: str) -> str:
@@ -423,11 +432,6 @@ def _check_model(model: ModelConfig, rollout: RolloutConfig) -> None:
     elif local.exists():
         raise FieldError("model.path", f"{local} is not a model directory (it has no config.json)")
     elif model.init_tiny is not None:
-        if model.init_tiny not in TINY_PRESETS:
-            raise FieldError(
-                "model.init_tiny",
-                f"unknown tiny preset {model.init_tiny!r}; valid: {', '.join(TINY_PRESETS)}",
-            )
         limit = TINY_PRESETS[model.init_tiny].max_position_embeddings
     elif looks_like_path(model.path):
         raise FieldError(
