@@ -227,9 +227,7 @@ class Trainer:
         """Token coefficients of the method at step k; the shuffled ablations draw from the
         credit stream, never from the mini-batch order's."""
         gen = stream_generator(self.cfg.seed, k, "credit")
-        return assign_credit(
-            rb.batch, self.cfg.method, k, self.cfg.credit, self.cfg.reduction, gen
-        )
+        return assign_credit(rb.batch, self.cfg.method, k, self.cfg.credit, self.cfg.reduction, gen)
 
     def phase_update(
         self,
