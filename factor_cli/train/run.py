@@ -139,31 +139,7 @@ def train(
     if not ranks.main:
         progress, log = (lambda phase, i, n: None), (lambda msg: None)
     model_path = ranks.first(lambda: warm_start(cfg, progress, log))
-    backbone = Path(cfg.model.path).name
-    gpus = ranks.world if cfg.model.device.startswith("cuda") else 0
-    ledger = (
-        start_run(
-            cfg,  # the model itself: its digest() is the config_hash tag
-            study=cfg.study,
-            method=cfg.method,
-            env=cfg.env.name,
-            seed=cfg.seed,
-            backbone=backbone,
-            gpus=gpus,
-            tracking_uri=cfg.tracking_uri,
-            resume_run_id=resume_run_id,
-            tags={
-                "reduction": cfg.reduction,
-                "temperature": cfg.rollout.temperature,
-                "budget": f"{cfg.continuations.budget}x{cfg.continuations.per_checkpoint}",
-                "world_size": ranks.world,
-                **start_tags(cfg, model_path),
-            },
-        )
-        if ranks.main
-        else nullcontext(None)
-    )
-    with ledger as opened:
+    with _open_ledger_run(cfg, ranks, model_path, resume_run_id) as opened:
         run_id = ranks.broadcast(opened.run_id if opened is not None else None)
         run = opened if opened is not None else _RankRun(str(run_id))
         if on_run is not None:
@@ -178,48 +154,99 @@ def train(
                 if last is not None:
                     trainer.load(last)
                     log(f"resumed {run.run_id} at step {trainer.step} from {last}")
-            total = cfg.total_steps
-            metrics: dict[str, float] = {}
-            while trainer.step < total:
-                result = trainer.train_step()
-                metrics = result.metrics
-                run.log_metrics(metrics, step=result.step)
-                if ranks.main:
-                    _append_jsonl(run_dir / "metrics.jsonl", {"step": result.step, **metrics})
-                progress("steps", result.step, total)
-                if result.step % cfg.checkpoint_every == 0 or result.step == total:
-                    trainer.save(run_dir, run.run_id)
-                if cfg.eval.every and result.step % cfg.eval.every == 0 and result.step < total:
-                    items = evaluate(trainer.generator, cfg, cfg.method, shard=trainer.shard)
-                    run.log_metrics({"eval_metric": metric(items)}, step=result.step)
-                if stop_after is not None and result.step >= stop_after:
-                    return RunSummary(run.run_id, run_dir, trainer.step, metrics, None, None)
-            final = run_dir / "model"
-            tmp = run_dir / ".model.tmp"
-            trainer.engine.save_pretrained(tmp, trainer.policy.tokenizer)  # all ranks: ZeRO-3
-            if ranks.main:
-                if final.exists():
-                    shutil.rmtree(final)
-                tmp.rename(final)
-            items = evaluate(
-                trainer.generator,
-                cfg,
-                cfg.method,
-                on_turn=lambda i, n: progress("eval", i, n),
-                shard=trainer.shard,
-            )
-            value = metric(items)
-            items_path = run_dir / "eval_items.csv"
-            if ranks.main:
-                with atomic_target(items_path) as tmp:
-                    items.to_csv(tmp, index=False)
-            run.log_items(
-                items[["env", "method", "seed", "item_id", "category", "success", "score"]]
-            )
-            run.log_metrics({"eval_metric": value}, step=trainer.step)
+            metrics = _train_steps(cfg, trainer, run, run_dir, ranks, progress, stop_after)
+            if trainer.step < cfg.total_steps:  # stopped early (stop_after)
+                return RunSummary(run.run_id, run_dir, trainer.step, metrics, None, None)
+            value, items_path = _finish(cfg, trainer, run, run_dir, ranks, progress)
             return RunSummary(run.run_id, run_dir, trainer.step, metrics, value, items_path)
         finally:
             trainer.close()
+
+
+def _open_ledger_run(
+    cfg: TrainConfig, ranks: Ranks, model_path: str, resume_run_id: str | None
+) -> Any:
+    """The ledger run (a context manager) on rank 0; a null context on the other ranks."""
+    if not ranks.main:
+        return nullcontext(None)
+    return start_run(
+        cfg,  # the model itself: its digest() is the config_hash tag
+        study=cfg.study,
+        method=cfg.method,
+        env=cfg.env.name,
+        seed=cfg.seed,
+        backbone=Path(cfg.model.path).name,
+        gpus=ranks.world if cfg.model.device.startswith("cuda") else 0,
+        tracking_uri=cfg.tracking_uri,
+        resume_run_id=resume_run_id,
+        tags={
+            "reduction": cfg.reduction,
+            "temperature": cfg.rollout.temperature,
+            "budget": f"{cfg.continuations.budget}x{cfg.continuations.per_checkpoint}",
+            "world_size": ranks.world,
+            **start_tags(cfg, model_path),
+        },
+    )
+
+
+def _train_steps(
+    cfg: TrainConfig,
+    trainer: Trainer,
+    run: Any,
+    run_dir: Path,
+    ranks: Ranks,
+    progress: Progress,
+    stop_after: int | None,
+) -> dict[str, float]:
+    """Steps up to ``cfg.total_steps`` (or ``stop_after``): log, checkpoint, periodic eval.
+
+    Returns the last step's metrics.
+    """
+    total = cfg.total_steps
+    metrics: dict[str, float] = {}
+    while trainer.step < total:
+        result = trainer.train_step()
+        metrics = result.metrics
+        run.log_metrics(metrics, step=result.step)
+        if ranks.main:
+            _append_jsonl(run_dir / "metrics.jsonl", {"step": result.step, **metrics})
+        progress("steps", result.step, total)
+        if result.step % cfg.checkpoint_every == 0 or result.step == total:
+            trainer.save(run_dir, run.run_id)
+        if cfg.eval.every and result.step % cfg.eval.every == 0 and result.step < total:
+            items = evaluate(trainer.generator, cfg, cfg.method, shard=trainer.shard)
+            run.log_metrics({"eval_metric": metric(items)}, step=result.step)
+        if stop_after is not None and result.step >= stop_after:
+            break
+    return metrics
+
+
+def _finish(
+    cfg: TrainConfig, trainer: Trainer, run: Any, run_dir: Path, ranks: Ranks, progress: Progress
+) -> tuple[float, Path]:
+    """Export the final model (atomically) and evaluate it; returns (metric, items path)."""
+    final = run_dir / "model"
+    tmp = run_dir / ".model.tmp"
+    trainer.engine.save_pretrained(tmp, trainer.policy.tokenizer)  # all ranks: ZeRO-3
+    if ranks.main:
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+    items = evaluate(
+        trainer.generator,
+        cfg,
+        cfg.method,
+        on_turn=lambda i, n: progress("eval", i, n),
+        shard=trainer.shard,
+    )
+    value = metric(items)
+    items_path = run_dir / "eval_items.csv"
+    if ranks.main:
+        with atomic_target(items_path) as out:
+            items.to_csv(out, index=False)
+    run.log_items(items[["env", "method", "seed", "item_id", "category", "success", "score"]])
+    run.log_metrics({"eval_metric": value}, step=trainer.step)
+    return value, items_path
 
 
 def evaluate_checkpoint(
