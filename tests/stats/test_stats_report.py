@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from toy_results import ITEMS, SUCCESS
 
 from factor_cli.stats import AGGREGATES, probability_of_improvement, validate_results
 from factor_cli.stats.report import (
@@ -27,25 +28,6 @@ from factor_cli.stats.report import (
     profile_report,
 )
 
-# Env "alf": category x (items i1, i2), y (item i3); env "ws": one category (w1, w2).
-# successes per (method, seed), items i1 i2 i3 | w1 w2, and the run's macro metric M:
-#   A seed 1: 1 1 0 | 1 1   alf (1 + 0)/2 = 0.50   ws 1.0
-#   A seed 2: 1 0 1 | 1 0   alf (0.5 + 1)/2 = 0.75 ws 0.5
-#   B seed 1: 0 0 1 | 0 0   alf (0 + 1)/2 = 0.50   ws 0.0
-#   B seed 2: 1 1 0 | 1 0   alf (1 + 0)/2 = 0.50   ws 0.5
-SUCCESS = {
-    ("A", 1): [1, 1, 0, 1, 1],
-    ("A", 2): [1, 0, 1, 1, 0],
-    ("B", 1): [0, 0, 1, 0, 0],
-    ("B", 2): [1, 1, 0, 1, 0],
-}
-ITEMS = [
-    ("alf", "i1", "x"),
-    ("alf", "i2", "x"),
-    ("alf", "i3", "y"),
-    ("ws", "w1", "all"),
-    ("ws", "w2", "all"),
-]
 # A's (seeds x envs) score matrix: rows seed 1, 2; columns alf, ws.
 A_SCORES = np.array([[0.50, 1.0], [0.75, 0.5]])
 B_SCORES = np.array([[0.50, 0.0], [0.50, 0.5]])

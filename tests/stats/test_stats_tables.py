@@ -6,6 +6,7 @@ import math
 
 import pandas as pd
 import pytest
+from toy_results import ITEMS, SUCCESS
 
 from factor_cli.stats import KINDS, TABLES, reference_deltas, to_csv, to_latex, to_markdown
 from factor_cli.stats.io import validate_results
@@ -21,25 +22,6 @@ from factor_cli.stats.tables import (
     protocol_table,
 )
 
-# Env "alf": categories x (items i1, i2) and y (item i3); env "ws": one category, items w1, w2.
-# successes per (method, seed), in item order i1 i2 i3 | w1 w2:
-#   A seed 1: 1 1 0 | 1 1   -> alf (1 + 0)/2 = 0.50, ws 1.0
-#   A seed 2: 1 0 1 | 1 0   -> alf (0.5 + 1)/2 = 0.75, ws 0.5
-#   B seed 1: 0 0 1 | 0 0   -> alf (0 + 1)/2 = 0.50, ws 0.0
-#   B seed 2: 1 1 0 | 1 0   -> alf (1 + 0)/2 = 0.50, ws 0.5
-SUCCESS = {
-    ("A", 1): [1, 1, 0, 1, 1],
-    ("A", 2): [1, 0, 1, 1, 0],
-    ("B", 1): [0, 0, 1, 0, 0],
-    ("B", 2): [1, 1, 0, 1, 0],
-}
-ITEMS = [
-    ("alf", "i1", "x"),
-    ("alf", "i2", "x"),
-    ("alf", "i3", "y"),
-    ("ws", "w1", "all"),
-    ("ws", "w2", "all"),
-]
 SD_25 = 25 / math.sqrt(2)  # sample std of {50, 75}: 17.68
 SD_50 = 50 / math.sqrt(2)  # sample std of {0, 50} or {50, 100}: 35.36
 
