@@ -7,7 +7,6 @@ session (creating a fresh MLflow database takes ~7 s here, copying it millisecon
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -49,23 +48,6 @@ CONFIG = {
     "nothing": None,
     "empty": {},
 }
-
-
-@pytest.fixture(scope="session")
-def template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An empty, fully migrated MLflow SQLite database."""
-    path = tmp_path_factory.mktemp("ledger-template") / "mlflow.db"
-    store.open_client(f"sqlite:///{path}", create=True)
-    return path
-
-
-@pytest.fixture
-def uri(template_db: Path, tmp_path: Path) -> str:
-    """A fresh per-test store (a copy of the template)."""
-    path = tmp_path / "ledger" / "mlflow.db"
-    path.parent.mkdir()
-    shutil.copy(template_db, path)
-    return f"sqlite:///{path}"
 
 
 @pytest.fixture

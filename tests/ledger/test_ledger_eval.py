@@ -7,7 +7,6 @@ train`.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -20,7 +19,7 @@ from mlflow import MlflowClient
 
 from factor_cli.cli.main import app
 from factor_cli.envs import availability
-from factor_cli.ledger import LedgerError, export_items, runs_table, store
+from factor_cli.ledger import LedgerError, export_items, runs_table
 from factor_cli.ledger.provenance import split_digests
 from factor_cli.resources import splits_dir
 from factor_cli.splits.manifest import read_manifest
@@ -32,21 +31,6 @@ runner = CliRunner()
 twx_missing = availability("twx")
 needs_twx = pytest.mark.skipif(twx_missing is not None, reason=f"twx: {twx_missing}")
 COLUMNS = ["env", "method", "seed", "item_id", "category", "success", "score"]
-
-
-@pytest.fixture(scope="module")
-def template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("eval-template") / "mlflow.db"
-    store.open_client(f"sqlite:///{path}", create=True)
-    return path
-
-
-@pytest.fixture
-def uri(template_db: Path, tmp_path: Path) -> str:
-    path = tmp_path / "ledger" / "mlflow.db"
-    path.parent.mkdir()
-    shutil.copy(template_db, path)
-    return f"sqlite:///{path}"
 
 
 def _sets(model: Path, tmp: Path, uri: str) -> list[str]:

@@ -37,14 +37,6 @@ runner = CliRunner()
 NOBODY = 65534
 
 
-@pytest.fixture(scope="module")
-def template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An empty, fully migrated MLflow SQLite database."""
-    path = tmp_path_factory.mktemp("stores-template") / "mlflow.db"
-    store.open_client(f"sqlite:///{path}", create=True)
-    return path
-
-
 def _start(uri: str, **kw):
     args = {"study": "s", "method": "m", "env": "twx", "seed": 0, "backbone": "b"}
     return start_run({"a": 1}, tracking_uri=uri, **{**args, **kw})
