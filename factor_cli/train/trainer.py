@@ -291,9 +291,11 @@ class Trainer:
             texts = teacher_prompt_texts(self.fmt, self.policy.tokenizer, roots)
             teacher_prompts = [ids for ids, _ in self.generator.encode(texts)]
         stats = timed("update", lambda: self.phase_update(k, rb, credit, teacher_prompts))
-        # vLLM holds its own copy of the weights and loads the new ones; hf only rebinds.
-        with self.engine.full_parameters() as module:
-            self.generator.refresh(module)
+        # vLLM holds its own copy of the weights and loads the new ones; hf samples with the
+        # trainer's module, so gathering ZeRO-3's partitions for it would be a wasted copy.
+        if self.generator.copies_weights:
+            with self.engine.full_parameters() as module:
+                self.generator.refresh(module)
         self.step = k
         dev = coefficient_deviation(credit.weight, rb.batch.action_index, rb.batch.num_actions)
         outcomes = [e.outcome.outcome for e in roots if e.outcome]

@@ -185,6 +185,7 @@ def test_hf_backend_satisfies_the_protocol(policy) -> None:
     assert cut and len(ids) == 56
     gen.generate(["Take the coin."], seed=0)
     assert gen.last_logprob_gap is None  # it samples with the trainer's own forward
+    assert gen.copies_weights is False  # so the trainer never gathers ZeRO-3 weights for it
     other = torch.nn.Linear(1, 1)
     gen.refresh(other)
     assert gen.model is other  # refresh rebinds: nothing to copy

@@ -203,6 +203,7 @@ def test_seed_means_seed_plus_i(engine: VLLMGenerator) -> None:
 @needs_twx
 def test_engine_satisfies_the_protocol(engine: VLLMGenerator) -> None:
     assert isinstance(engine, GenerationBackend)
+    assert engine.copies_weights is True  # the trainer reloads its weights after each update
     assert engine.limits.max_new_tokens == MAX_NEW and engine.limits.max_context == 512
 
 

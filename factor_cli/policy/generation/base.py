@@ -150,6 +150,10 @@ class GenerationBackend(Protocol):
     pad_id: int
     """Token id used to pad batches (the tokenizer's pad token, else the first stop token)."""
     limits: GenerationLimits
+    copies_weights: bool
+    """True when the backend samples with its own copy of the weights (vLLM), which
+    :meth:`refresh` must reload after every update; False when it samples with the trainer's
+    module itself (hf), so there is nothing to gather or copy."""
     last_logprob_gap: float | None
     """max |backend log-prob - trainer re-score| over the last :meth:`generate` call, when the
     backend samples with a copy of the model whose log-probs were re-scored (vLLM); None when
@@ -198,6 +202,7 @@ class TokenizedBackend:
     """
 
     last_logprob_gap: float | None = None
+    copies_weights: bool = False
 
     def __init__(self, policy: Policy, limits: GenerationLimits) -> None:
         self.limits = limits

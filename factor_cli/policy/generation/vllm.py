@@ -160,6 +160,8 @@ class VLLMGenerator(TokenizedBackend):
     to ``batch_size * max_context`` tokens, capped at :data:`CPU_KV_CACHE_MAX_BYTES`.
     """
 
+    copies_weights = True  # the engine holds its own weights: reload them after updates
+
     def __init__(
         self,
         policy: Policy,
