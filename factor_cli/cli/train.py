@@ -74,6 +74,17 @@ def _reference() -> None:
     console.print(table)
 
 
+def _tags(items: list[str]) -> dict[str, str]:
+    """``--tag KEY=VALUE`` items as a mapping (one-line error for a malformed one)."""
+    tags = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            fail(f"--tag {item!r}: expected KEY=VALUE, e.g. --tag note=baseline-rerun")
+        tags[key.strip()] = value
+    return tags
+
+
 def _resume_command(run_id: str, config: str, overrides: list[str]) -> str:
     """The command that continues ``run_id`` with the same configuration."""
     parts = ["factor", "train", "--resume", run_id]
@@ -88,6 +99,9 @@ def train_cmd(
     config: str = typer.Option("smoke", "--config", "-c", help=CONFIG_HELP),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
     resume: str | None = typer.Option(None, "--resume", help="Continue this ledger run id."),
+    tag_items: list[str] = typer.Option(
+        [], "--tag", help="Add a ledger tag KEY=VALUE to the run (repeatable); studies use it."
+    ),
     help_config: bool = typer.Option(False, "--help-config", help="List every config field."),
 ) -> None:
     """Train a policy with FACTOR or any baseline/ablation; with no arguments, the smoke run.
@@ -104,6 +118,7 @@ def train_cmd(
         _reference()
         return
     cfg = _load(config, overrides)
+    tags = _tags(tag_items)
     from factor_cli.train.run import train
 
     console.quiet = not _main_rank()  # errors still reach stderr (common.fail)
@@ -114,7 +129,9 @@ def train_cmd(
     opened: list[str] = []
     try:
         with _progress() as bar:
-            summary = train(cfg, _Bars(bar), _plain, resume_run_id=resume, on_run=opened.append)
+            summary = train(
+                cfg, _Bars(bar), _plain, resume_run_id=resume, on_run=opened.append, tags=tags
+            )
     except (ValueError, OSError) as exc:
         fail(first_line(exc))
     except KeyboardInterrupt as exc:

@@ -447,6 +447,35 @@ class LedgerRun:
             raise RunTerminated("terminated by SIGTERM while closing the run")
 
 
+class Heartbeat:
+    """Write a run's heartbeat (and compute time) every ``every_s`` seconds from a thread.
+
+    Steps log a heartbeat too, but a step (or the final evaluation) can last many minutes; a
+    study tells a live remote cell from a dead one by this tag's age. A write that fails is
+    logged and retried at the next beat, never raised into the training loop.
+    """
+
+    def __init__(self, run: LedgerRun, every_s: float = 60.0) -> None:
+        self.run, self.every_s = run, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="ledger-heartbeat", daemon=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.run.heartbeat()
+            except Exception as exc:  # the store may be busy; the next beat tries again
+                log.warning("ledger run %s: heartbeat failed: %s", self.run.run_id, exc)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
 def status_of(exc: BaseException | None) -> tuple[str, BaseException | None]:
     """(MLflow status, error to record) for the exception that ended a ``with`` block."""
     if exc is None:
@@ -650,6 +679,7 @@ __all__ = [
     "GPUS_PER_NODE",
     "ITEMS_DIR",
     "RUN_KINDS",
+    "Heartbeat",
     "LedgerRun",
     "RunTerminated",
     "flatten_config",

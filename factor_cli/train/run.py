@@ -20,6 +20,7 @@ import pandas as pd
 
 from factor_cli.atomic import atomic_target, build_lock
 from factor_cli.ledger import check_store, start_run
+from factor_cli.ledger.runs import Heartbeat
 from factor_cli.policy.model import load_policy
 
 from . import checkpoint
@@ -123,11 +124,14 @@ def train(
     resume_run_id: str | None = None,
     stop_after: int | None = None,
     on_run: Callable[[str], None] | None = None,
+    tags: dict[str, str] | None = None,
 ) -> RunSummary:
     """Train ``cfg`` (or resume a ledger run) to the end; ``stop_after`` ends early (tests).
 
     ``on_run`` receives the ledger run id as soon as the run is open (so an interrupted caller
-    can say which run to ``--resume``).
+    can say which run to ``--resume``). ``tags`` are added to the run's tags (a study cell's
+    ``cell_key``, ``attempt``...). While the run is open a thread writes its heartbeat every
+    minute (:class:`~factor_cli.ledger.runs.Heartbeat`).
 
     Under torchrun every rank calls this (see :mod:`factor_cli.train.distributed`): rank 0
     warm-starts the model, opens the one ledger run and writes every file; the others follow.
@@ -139,7 +143,10 @@ def train(
     if not ranks.main:
         progress, log = (lambda phase, i, n: None), (lambda msg: None)
     model_path = ranks.first(lambda: warm_start(cfg, progress, log))
-    with _open_ledger_run(cfg, ranks, model_path, resume_run_id) as opened:
+    with (
+        _open_ledger_run(cfg, ranks, model_path, resume_run_id, tags or {}) as opened,
+        Heartbeat(opened) if opened is not None else nullcontext(),
+    ):
         run_id = ranks.broadcast(opened.run_id if opened is not None else None)
         run = opened if opened is not None else _RankRun(str(run_id))
         if on_run is not None:
@@ -164,7 +171,11 @@ def train(
 
 
 def _open_ledger_run(
-    cfg: TrainConfig, ranks: Ranks, model_path: str, resume_run_id: str | None
+    cfg: TrainConfig,
+    ranks: Ranks,
+    model_path: str,
+    resume_run_id: str | None,
+    extra_tags: dict[str, str],
 ) -> Any:
     """The ledger run (a context manager) on rank 0; a null context on the other ranks."""
     if not ranks.main:
@@ -185,6 +196,7 @@ def _open_ledger_run(
             "budget": f"{cfg.continuations.budget}x{cfg.continuations.per_checkpoint}",
             "world_size": ranks.world,
             **start_tags(cfg, model_path),
+            **extra_tags,
         },
     )
 
