@@ -13,6 +13,8 @@ from .model import app as model_app
 from .splits import app as splits_app
 from .splits import verify_cmd
 from .stats import app as stats_app
+from .study import SHORTCUTS, shortcut, sweep_app
+from .study import app as study_app
 from .train import eval_cmd, sft_cmd, train_cmd
 
 app = typer.Typer(
@@ -36,6 +38,10 @@ app.command("verify-splits")(verify_cmd)
 app.command("train")(train_cmd)
 app.command("eval")(eval_cmd)
 app.command("sft")(sft_cmd)
+app.add_typer(study_app, name="study")
+for _name, (_spec, _summary) in SHORTCUTS.items():
+    app.command(_name)(shortcut(_spec, _summary))
+app.add_typer(sweep_app, name="sweep")
 
 
 def _version(value: bool) -> None:

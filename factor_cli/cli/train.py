@@ -118,7 +118,7 @@ def train_cmd(
         _reference()
         return
     cfg = _load(config, overrides)
-    tags = _tags(tag_items)
+    tags = {"config_source": config, **_tags(tag_items)}  # study estimates match on it
     from factor_cli.train.run import train
 
     console.quiet = not _main_rank()  # errors still reach stderr (common.fail)

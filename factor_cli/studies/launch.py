@@ -224,10 +224,14 @@ def plan_launch(matrix: Matrix, options: LaunchOptions) -> LaunchPlan:
 
 
 def run_study(
-    matrix: Matrix, options: LaunchOptions, on_event: Event | None = None
+    matrix: Matrix,
+    options: LaunchOptions,
+    on_event: Event | None = None,
+    plan: LaunchPlan | None = None,
 ) -> tuple[LaunchPlan, list[Outcome]]:
-    """Plan, then launch (unless ``dry_run``); returns the plan and the outcomes waited for."""
-    plan = plan_launch(matrix, options)
+    """Plan (unless given), then launch (unless ``dry_run``); returns the plan and the outcomes
+    waited for."""
+    plan = plan if plan is not None else plan_launch(matrix, options)
     if options.dry_run or not plan.jobs:
         return plan, []
     launcher = LAUNCHERS.get(options.launcher)
@@ -238,9 +242,13 @@ def run_study(
 
 
 def _executor(matrix: Matrix, cluster: str) -> Any:
+    """submitit's executor for ``cluster``: the local one directly (AutoExecutor does not pass
+    ``visible_gpus`` through), the others through ``AutoExecutor``."""
     import submitit
 
     folder = matrix.output_dir / "submitit" / "%j"
+    if cluster == "local":
+        return submitit.LocalExecutor(folder=str(folder))
     return submitit.AutoExecutor(folder=str(folder), cluster=cluster)
 
 

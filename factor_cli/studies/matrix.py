@@ -59,6 +59,7 @@ class Cell:
     overrides: list[str]  # --set items over the base that make this cell
     config: TrainConfig | None = field(repr=False)  # None: invalid here (see error)
     error: str | None = None  # why this cell's config cannot run (e.g. a missing manifest)
+    own: list[str] = field(default_factory=list)  # the row's and axis point's overrides only
 
     @property
     def row(self) -> str:
@@ -99,6 +100,7 @@ class Matrix:
     cells: list[Cell]
     output_dir: Path  # <base output_dir>/studies/<name>
     tracking_uri: str | None
+    overrides: tuple[str, ...] = ()  # the command line's --set, applied to every cell
 
     @property
     def spec_hash(self) -> str:
@@ -190,12 +192,14 @@ def expand(
         else:
             method = cfg.method if cfg is not None else row.method_name
             serves = [(row.name, point)]
-            cells[key] = Cell(key, serves, method, env, seed, items[:-1], cfg, error)
+            own = _items(row.set) + _items(point)
+            cells[key] = Cell(key, serves, method, env, seed, items[:-1], cfg, error, own)
         if on_cell is not None:
             on_cell(i + 1, len(plan))
     if not cells:
         raise SpecError(f"{spec_path}: study {spec.name} has no cells after exclusions / options")
-    return Matrix(spec, spec_path, base, list(cells.values()), study_out, uri)
+    cell_list = list(cells.values())
+    return Matrix(spec, spec_path, base, cell_list, study_out, uri, tuple(options.overrides))
 
 
 def _narrow_axes(spec: StudySpec, replaced: dict[str, list[Any]] | None) -> dict[str, list[Any]]:

@@ -35,7 +35,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from factor_cli.ledger.provenance import canonical_json
 from factor_cli.resources import presets_dir
 from factor_cli.train.config import ConfigError, read_yaml
 
@@ -148,6 +147,8 @@ class StudySpec(_Strict):
 
     def digest(self) -> str:
         """The spec hash: SHA-256 of the canonical JSON of the spec (the tag ``spec_hash``)."""
+        from factor_cli.ledger.provenance import canonical_json
+
         return hashlib.sha256(canonical_json(self.model_dump(mode="json")).encode()).hexdigest()
 
 
