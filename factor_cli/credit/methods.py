@@ -43,8 +43,9 @@ class MethodSpec:
     """Forced reduction; None follows the protocol's configured reduction."""
     warmup: bool = False
     """Value-based credit is replaced by A^seq/T during the value-head warm-up."""
-    steps: int | None = None
-    """Training steps override (SERL-Extended: 188)."""
+    steps_scale: float | None = None
+    """Train ceil(steps_scale x steps) steps (SERL-Extended: 1.25, so 188 of the paper's 150:
+    the compute FACTOR's continuations cost; 5 of the smoke preset's 4)."""
 
     @property
     def uses_teacher(self) -> bool:
@@ -107,7 +108,10 @@ for _spec in (
         summary="SERL with alpha == 0 (KL term only)",
     ),
     replace(
-        _SERL, name="serl-extended", steps=188, summary="SERL-Repro for 188 steps (compute-matched)"
+        _SERL,
+        name="serl-extended",
+        steps_scale=1.25,
+        summary="SERL-Repro for 1.25x the steps (188 of 150: compute-matched)",
     ),
     replace(
         _SERL,

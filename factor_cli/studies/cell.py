@@ -38,6 +38,7 @@ from .state import (
     T_BASE,
     T_CELL,
     T_LAUNCHER,
+    T_SLURM_JOB,
     T_SPEC,
     T_SUPERSEDED,
     T_VARIANTS,
@@ -53,6 +54,21 @@ from .state import (
 
 EXIT_INTERRUPTED = (130, 143, -2, -15)  # Ctrl-C / SIGTERM of the training process
 CHILD_GRACE_S = 120.0  # how long a stopped child may take to close its ledger run
+
+
+def _ignore_preemption_signal() -> None:
+    """In the child: Slurm's pre-timeout USR2 reaches every process of the job step, but only
+    the job acts on it (:meth:`CellJob.checkpoint` stops the child with SIGTERM). An ignored
+    signal stays ignored across exec, so torchrun's workers ignore it too."""
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+
+def slurm_job_id() -> str:
+    """This Slurm job's id (``ARRAYJOB_TASK`` for an array task); "" outside Slurm."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return os.environ.get("SLURM_JOB_ID", "")
 
 
 @dataclass(frozen=True)
@@ -100,10 +116,11 @@ class CellJob:
     force: bool = False
     stale_after: float = 600.0
     _child: Any = field(default=None, repr=False, compare=False)
+    _attempt: Any = field(default=None, repr=False, compare=False)  # (n, started, log, resume)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_child"] = None  # a process handle does not travel
+        state["_child"] = state["_attempt"] = None  # a process does not travel
         return state
 
     @property
@@ -127,6 +144,9 @@ class CellJob:
         runs = study_runs(self.study, self.tracking_uri).get(self.key, [])
         study_dir = Path(self.study_dir)
         state = state_of(self.key, study_dir, runs, self.stale_after, locked=False)
+        this_job = slurm_job_id()
+        if state.state == "running" and this_job and state.tags.get(T_SLURM_JOB) == this_job:
+            state.state = "stale"  # Slurm requeued this job (node failure): its old run is dead
         if state.state == "running":  # a Slurm cell alive on another node
             return Outcome(self.key, "busy", state.run_id, reason="running on another node")
         if not to_launch(state, self.retry_failed, self.force):
@@ -162,6 +182,8 @@ class CellJob:
             T_CELL: self.key, T_SPEC: self.spec_hash, T_ATTEMPT: attempt,
             T_LAUNCHER: self.launcher, T_BASE: self.base, T_VARIANTS: json.dumps(self.variants),
         }  # fmt: skip
+        if slurm_job_id():
+            tags[T_SLURM_JOB] = slurm_job_id()
         args = ["train", "--config", str(self.config_path)]
         args += [part for k, v in tags.items() for part in ("--tag", f"{k}={v}")]
         if resume is not None:
@@ -175,16 +197,20 @@ class CellJob:
         """Run the child with the lock fd inherited; Ctrl-C waits for it to close its run."""
         log = self.folder / f"attempt-{attempt}.log"
         env = {**os.environ, "FACTOR_STUDY_CELL": self.key}
+        self._attempt = (attempt, _now(), log, resume)
         with log.open("ab") as out:
-            self._child = subprocess.Popen(
+            child = self._child = subprocess.Popen(
                 self.command(attempt, resume), stdout=out, stderr=subprocess.STDOUT,
-                pass_fds=(fd,), env=env,
+                pass_fds=(fd,), env=env, preexec_fn=_ignore_preemption_signal,
             )  # fmt: skip
-            try:
-                return self._child.wait(), log
+            try:  # poll, not wait(): checkpoint() runs in a signal handler on this thread and
+                # must be able to wait on the child itself (wait() holds Popen's waitpid lock)
+                while (code := child.poll()) is None:
+                    time.sleep(0.5)
+                return code, log
             except KeyboardInterrupt:
                 self._stop_child(signal.SIGINT)
-                return self._child.returncode if self._child.returncode is not None else 130, log
+                return child.returncode if child.returncode is not None else 130, log
 
     def _stop_child(self, sig: int) -> None:
         child = self._child
@@ -216,8 +242,14 @@ class CellJob:
         return Outcome(self.key, outcome, run_id, code, reason, attempt)
 
     def checkpoint(self) -> Any:
-        """Slurm's pre-timeout signal: stop the child (its run closes KILLED) and requeue."""
+        """Slurm's pre-timeout signal: stop the child (its run closes KILLED), record the
+        attempt, and requeue this job (which then resumes the run)."""
         from submitit.helpers import DelayedSubmission
 
+        child = self._child
         self._stop_child(signal.SIGTERM)
+        if child is not None and self._attempt is not None:
+            attempt, started, log, resume = self._attempt
+            self._record(attempt, started, child.returncode or 143, log, resume)
+        self._attempt = None  # recorded once
         return DelayedSubmission(self)

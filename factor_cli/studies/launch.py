@@ -64,6 +64,7 @@ class SlurmOptions:
     mem: str | None = None
     setup: tuple[str, ...] = ()
     signal_delay_s: int = 120
+    max_requeues: int = 20  # pre-timeout requeues per cell before submitit gives up
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -241,7 +242,7 @@ def run_study(
 # ----------------------------------------------------------------------------- launchers
 
 
-def _executor(matrix: Matrix, cluster: str) -> Any:
+def _executor(matrix: Matrix, cluster: str, max_requeues: int = 3) -> Any:
     """submitit's executor for ``cluster``: the local one directly (AutoExecutor does not pass
     ``visible_gpus`` through), the others through ``AutoExecutor``."""
     import submitit
@@ -249,6 +250,10 @@ def _executor(matrix: Matrix, cluster: str) -> Any:
     folder = matrix.output_dir / "submitit" / "%j"
     if cluster == "local":
         return submitit.LocalExecutor(folder=str(folder))
+    if cluster == "slurm":
+        return submitit.AutoExecutor(
+            folder=str(folder), cluster=cluster, slurm_max_num_timeout=max_requeues
+        )
     return submitit.AutoExecutor(folder=str(folder), cluster=cluster)
 
 
@@ -390,7 +395,7 @@ def launch_slurm(
     matrix: Matrix, jobs: list[CellJob], options: LaunchOptions, on_event: Event
 ) -> list[Outcome]:
     """Submit every cell in one job array and return (the cells run on the cluster)."""
-    executor = _executor(matrix, "slurm")
+    executor = _executor(matrix, "slurm", options.slurm.max_requeues)
     executor.update_parameters(**slurm_parameters(matrix, options, len(jobs)))
     with executor.batch():
         subs = [executor.submit(job) for job in jobs]

@@ -29,7 +29,7 @@ import yaml
 
 from factor_cli.train.config import ConfigError, TrainConfig, load_config, resolve_source
 
-from .spec import Overrides, Row, SpecError, StudySpec
+from .spec import Overrides, Row, SpecError, StudySpec, check_envs
 
 STUDY_OUTPUT = "studies"  # cells of study S write under <base output_dir>/studies/S/
 ENV_SPECIFIC = ("env.games", "env.options")  # meaningless once the env changes
@@ -111,10 +111,18 @@ def _text(value: Any) -> str:
     """A value as ``--set`` text: YAML flow style, so :func:`load_config` reads it back."""
     if isinstance(value, float) and math.isinf(value):
         return ".inf" if value > 0 else "-.inf"
-    if isinstance(value, str):
-        return value
+    if isinstance(value, str) and _reads_back(value):
+        return value  # plain, as a user would type it: runs/tiny-1m, token-mean
     text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
     return text.removesuffix("\n...").removesuffix("...").strip()
+
+
+def _reads_back(text: str) -> bool:
+    """Whether ``text`` unquoted is read back by YAML as the same string ("on" is not)."""
+    try:
+        return yaml.safe_load(text) == text
+    except yaml.YAMLError:
+        return False
 
 
 def _items(overrides: Overrides) -> list[str]:
@@ -178,6 +186,11 @@ def expand(
         out, uri, base_env = _base_output(base, options.overrides)
     except ConfigError as exc:
         raise SpecError(f"--base {base}: {exc}") from None
+    if options.envs is not None:
+        try:
+            check_envs(list(options.envs))
+        except ValueError as exc:
+            raise SpecError(f"--envs: {exc}") from None
     axes = _narrow_axes(spec, options.axes)
     plan = list(_plan(spec, options, axes))
     study_out = out / STUDY_OUTPUT / spec.name
@@ -185,7 +198,7 @@ def expand(
     for i, (row, env, seed, point) in enumerate(plan):
         items = _cell_items(spec, row, env, seed, point, base_env, options.overrides)
         items.append(f"output_dir={study_out}")
-        cfg, error = _validated(base, items)
+        cfg, error = _validated(base, items, options.overrides)
         key = cfg.digest() if cfg is not None else _unresolved_key(base, items[:-1])
         if key in cells:
             cells[key].serves.append((row.name, point))
@@ -248,12 +261,20 @@ def _cell_items(
     return items
 
 
-def _validated(base: str, items: list[str]) -> tuple[TrainConfig | None, str | None]:
-    """The cell's config, or why it cannot be built here (shown by plan, refused by run)."""
+def _validated(
+    base: str, items: list[str], typed: Sequence[str]
+) -> tuple[TrainConfig | None, str | None]:
+    """The cell's config, or why it cannot be built here (shown by plan, refused by run).
+
+    An error blamed on an override the spec made (not one typed as ``--set``) says so.
+    """
     try:
         return load_config(base, items), None
     except ConfigError as exc:
-        return None, str(exc)
+        text = str(exc)
+        if text.startswith("--set ") and text[6:].split(":")[0] not in typed:
+            text = "the spec's override " + text[6:]
+        return None, text
 
 
 def _unresolved_key(base: str, items: list[str]) -> str:

@@ -51,6 +51,18 @@ class SpecError(ConfigError):
     """A study spec that cannot be used; one line naming the file, the field and the fix."""
 
 
+def check_envs(envs: list[str]) -> list[str]:
+    """``envs`` if every name is a registered environment (light: no engine starts)."""
+    from factor_cli.envs import ENVIRONMENTS
+
+    unknown = [e for e in envs if e not in ENVIRONMENTS]
+    if unknown:
+        raise ValueError(
+            f"unknown environment {', '.join(unknown)}; valid: {', '.join(ENVIRONMENTS.names())}"
+        )
+    return envs
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -76,6 +88,11 @@ class Row(_Strict):
     @classmethod
     def _set(cls, v: Overrides) -> Overrides:
         return _dotted_keys(v, "set")
+
+    @field_validator("envs")
+    @classmethod
+    def _envs(cls, v: list[str] | None) -> list[str] | None:
+        return v if v is None else check_envs(v)
 
     @property
     def method_name(self) -> str:
@@ -114,6 +131,11 @@ class StudySpec(_Strict):
     def _set(cls, v: Overrides) -> Overrides:
         return _dotted_keys(v, "set")
 
+    @field_validator("envs")
+    @classmethod
+    def _envs(cls, v: list[str]) -> list[str]:
+        return check_envs(v)
+
     @field_validator("axes")
     @classmethod
     def _axes(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
@@ -133,6 +155,13 @@ class StudySpec(_Strict):
             raise ValueError("seeds must be unique")
         if len(set(self.envs)) != len(self.envs):
             raise ValueError("envs must be unique")
+        for row in self.rows:
+            outside = [e for e in row.envs or [] if e not in self.envs]
+            if outside:
+                raise ValueError(
+                    f"row {row.name}: envs {', '.join(outside)} are not among the study's envs "
+                    f"({', '.join(self.envs)})"
+                )
         if self.axes_mode == "zip" and len({len(v) for v in self.axes.values()}) > 1:
             lengths = ", ".join(f"{k}: {len(v)}" for k, v in self.axes.items())
             raise ValueError(f"axes_mode zip needs axes of one length ({lengths})")

@@ -41,6 +41,7 @@ T_LAUNCHER = "launcher"
 T_BASE = "study.base"
 T_VARIANTS = "study.variants"
 T_SUPERSEDED = "study.superseded_by"
+T_SLURM_JOB = "study.slurm_job"
 T_HEARTBEAT = "ledger.heartbeat"
 STATES = ("finished", "running", "stale", "killed", "failed", "pending", "invalid")
 RESUMABLE = ("stale", "killed")

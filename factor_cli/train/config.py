@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -216,7 +217,9 @@ class TrainConfig(Strict):
     study: str = Field("default", description="Study name (ledger tag).")
     method: str = Field("factor", description="Method / ablation name (`factor credit methods`).")
     reduction: str = Field("action-mean", description="Loss reduction of the protocol.")
-    steps: int = Field(150, ge=1, description="Training steps (a method may override: 188).")
+    steps: int = Field(
+        150, ge=1, description="Training steps (a method may scale them: serl-extended 1.25x)."
+    )
     seed: int = Field(42, description="Seed of everything stochastic.")
     output_dir: str = Field("runs", description="Where checkpoints and results go.")
     checkpoint_every: int = Field(1, ge=1, description="Write a checkpoint every N steps.")
@@ -251,7 +254,8 @@ class TrainConfig(Strict):
     def total_steps(self) -> int:
         from factor_cli.credit import METHODS
 
-        return METHODS.get(self.method).steps or self.steps
+        scale = METHODS.get(self.method).steps_scale
+        return self.steps if scale is None else math.ceil(scale * self.steps)
 
     def digest(self) -> str:
         """The config hash: SHA-256 (hex) of the canonical JSON of the resolved configuration.

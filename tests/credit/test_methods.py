@@ -145,7 +145,17 @@ def test_reduction_forced_or_from_protocol() -> None:
         assign_credit(batch, "serl-actionnorm", 20, reduction="token-mean").reduction
         == "action-mean"
     )
-    assert METHODS.get("serl-extended").steps == 188
+    assert METHODS.get("serl-extended").steps_scale == 1.25
+
+
+def test_serl_extended_trains_the_compute_matched_steps_of_any_base() -> None:
+    """188 steps of the paper's 150 (Table 4), and the same 1.25x of a smaller base."""
+    from factor_cli.train.config import load_config
+
+    assert load_config("paper", ["method=serl-extended"]).total_steps == 188
+    assert load_config("paper", ["method=serl-repro"]).total_steps == 150
+    assert load_config("smoke", ["method=serl-extended"]).total_steps == 5
+    assert load_config("smoke", ["method=serl-extended", "steps=8"]).total_steps == 10
 
 
 def test_serl_uniform_keeps_kl_without_modulation() -> None:

@@ -678,11 +678,6 @@ def test_missing_manifest_cells_are_invalid_and_never_merged(tmp_path: Path) -> 
         assert "manifest" in cell.error and str(empty) in cell.error
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="matrix._text passes strings to --set unquoted: YAML re-reads 'on' as true, "
-    "'run #2' as 'run' (bug reported to the studies owner)",
-)
 @pytest.mark.parametrize("path_value", ["runs/model #2", "on"])
 def test_string_values_reach_the_config_unchanged(tmp_path: Path, path_value: str) -> None:
     spec, path = write_spec(

@@ -349,12 +349,6 @@ print(code, done["delayed"])
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="CellJob._train blocks in Popen.wait(), which holds the Popen's waitpid lock, so "
-    "checkpoint() from the USR2 handler deadlocks waiting on the same Popen; and the child "
-    "does not ignore SIGUSR2, so Slurm's signal kills it (-12) before checkpoint's SIGTERM",
-)
 @pytest.mark.parametrize("delivery", ["parent", "step"])
 def test_pre_timeout_signal_while_the_child_trains_stops_it_and_requeues(delivery: str) -> None:
     """submitit calls ``checkpoint()`` from its USR2 handler while ``_train`` waits on the child:
