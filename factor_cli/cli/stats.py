@@ -369,12 +369,12 @@ def aggregate(
 # ----------------------------------------------------------------------------- table
 
 
-def _rich_table(table: Table) -> RichTable:
+def rich_table(table: Table) -> RichTable:
     from factor_cli.stats.tables import cell_text, numeric_columns
 
     out = RichTable(title=escape(table.title), caption=escape(table.caption))
     for name, num in zip(table.columns, numeric_columns(table), strict=True):
-        out.add_column(escape(name), justify="right" if num else "left")
+        out.add_column(escape(name), justify="right" if num else "left", overflow="fold")
     for row in table.rows:
         cells = []
         for c in row:
@@ -488,7 +488,7 @@ def table(
         if output is not None:
             *others, last = EXPORTS.names()
             fail(f"--output needs --format {', '.join(others)} or {last}")
-        console.print(_rich_table(built))
+        console.print(rich_table(built))
         return
     _write_export(EXPORTS.get(fmt)(built), output)
 

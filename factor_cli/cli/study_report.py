@@ -29,13 +29,13 @@ def header(report: StudyReport) -> Text:
 
 def render(report: StudyReport, console: Console) -> None:
     """Print the report: header, notes, each table (the bootstrap lines after its table)."""
-    from factor_cli.cli.stats import _rich_table
+    from factor_cli.cli.stats import rich_table
 
     console.print(header(report), soft_wrap=True)
     for note in report.notes:
         console.print(Text.assemble(("note:", "yellow"), " ", note), soft_wrap=True)
     for name, table in report.tables.items():
-        console.print(_rich_table(table))
+        console.print(rich_table(table))
         if name == "bootstrap":
             for line in report.lines:
                 console.print(Text(line), soft_wrap=True)

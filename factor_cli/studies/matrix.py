@@ -86,7 +86,7 @@ class Cell:
 
 def variant_label(row: str, point: dict[str, Any]) -> str:
     """``row`` or ``row[key=value,...]``: a row at one axis point."""
-    text = ",".join(f"{k}={_text(v)}" for k, v in point.items())
+    text = ",".join(f"{k}={override_text(v)}" for k, v in point.items())
     return f"{row}[{text}]" if text else row
 
 
@@ -107,7 +107,7 @@ class Matrix:
         return self.spec.digest()
 
 
-def _text(value: Any) -> str:
+def override_text(value: Any) -> str:
     """A value as ``--set`` text: YAML flow style, so :func:`load_config` reads it back."""
     if isinstance(value, float) and math.isinf(value):
         return ".inf" if value > 0 else "-.inf"
@@ -125,8 +125,8 @@ def _reads_back(text: str) -> bool:
         return False
 
 
-def _items(overrides: Overrides) -> list[str]:
-    return [f"{key}={_text(value)}" for key, value in overrides.items()]
+def override_items(overrides: Overrides) -> list[str]:
+    return [f"{key}={override_text(value)}" for key, value in overrides.items()]
 
 
 def axis_points(axes: dict[str, list[Any]], mode: str) -> list[dict[str, Any]]:
@@ -205,7 +205,7 @@ def expand(
         else:
             method = cfg.method if cfg is not None else row.method_name
             serves = [(row.name, point)]
-            own = _items(row.set) + _items(point)
+            own = override_items(row.set) + override_items(point)
             cells[key] = Cell(key, serves, method, env, seed, items[:-1], cfg, error, own)
         if on_cell is not None:
             on_cell(i + 1, len(plan))
@@ -256,8 +256,9 @@ def _cell_items(
     items = [f"study={spec.name}", f"method={row.method_name}", f"env.name={env}"]
     if env != base_env:
         items += [f"{key}={'[]' if key == 'env.games' else '{}'}" for key in ENV_SPECIFIC]
-    items += _items(spec.set) + _items(spec.env_set.get(env, {})) + _items(row.set)
-    items += [*_items(point), f"seed={seed}", *extra]
+    for layer in (spec.set, spec.env_set.get(env, {}), row.set):
+        items += override_items(layer)
+    items += [*override_items(point), f"seed={seed}", *extra]
     return items
 
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .matrix import Cell, Matrix, _items, _text, axis_points, variant_label
+from .matrix import Cell, Matrix, axis_points, override_items, override_text, variant_label
 from .results import MissingCell, StudyResults
 from .spec import SpecError
 
@@ -168,7 +168,7 @@ def row_base_config(matrix: Matrix, cell: Cell) -> TrainConfig | None:
     from factor_cli.train.config import ConfigError, load_config
 
     items = list(cell.overrides)
-    for item in reversed(_items(cell.point)):  # the point's items are the last of the row's
+    for item in reversed(override_items(cell.point)):  # the point's items are the last of the row's
         last = len(items) - 1 - items[::-1].index(item)
         del items[last]
     try:
@@ -247,7 +247,7 @@ def _contexts(frame: pd.DataFrame, group: str, matrix: Matrix) -> pd.DataFrame:
     context = [", ".join(f"{k}={v}" for k, v in zip(others, vs, strict=True)) for vs in values]
     out = frame.assign(_group=raw, _context=context if others else "")
     out[group] = [f"{g}, {c}" if c else g for g, c in zip(raw, out["_context"], strict=True)]
-    spec_order = [_text(v) for v in matrix.spec.axes.get(group, [])]
+    spec_order = [override_text(v) for v in matrix.spec.axes.get(group, [])]
     ranks = {v: i for i, v in enumerate(_ordered(raw.tolist(), spec_order))}
     rank = out["_group"].map(ranks)
     return out.assign(_rank=rank).sort_values("_rank", kind="stable").drop(columns="_rank")

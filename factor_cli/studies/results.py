@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .matrix import Cell, Matrix, _text
+from .matrix import Cell, Matrix, override_text
 from .state import CellState
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def config_value(cell: Cell, dotted: str) -> str:
     node: Any = cell.config
     for part in dotted.split("."):
         node = getattr(node, part, None)
-    return "" if node is None else _text(node)
+    return "" if node is None else override_text(node)
 
 
 def git_commits(tags: dict[str, str]) -> list[str]:
