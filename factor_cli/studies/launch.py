@@ -180,6 +180,22 @@ def _job(matrix: Matrix, cell: Cell, options: LaunchOptions) -> CellJob:
     )  # fmt: skip
 
 
+def _check_local_devices(matrix: Matrix) -> None:
+    """Cells that train on CUDA need a GPU here (a local launcher runs them on this machine)."""
+    devices = [c.config.model.device for c in matrix.cells if c.config is not None]
+    cuda = [d for d in devices if d.startswith("cuda")]
+    if not cuda:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise StudyError(
+            f"{len(cuda)} cell(s) train on {cuda[0]} (base {matrix.base}) but this machine has "
+            "no CUDA GPU; run them at CPU scale with --base smoke, or on a cluster with "
+            "--launcher slurm"
+        )
+
+
 def plan_launch(matrix: Matrix, options: LaunchOptions) -> LaunchPlan:
     """The cells ``run`` would start, after checking everything that can be checked here.
 
@@ -199,6 +215,8 @@ def plan_launch(matrix: Matrix, options: LaunchOptions) -> LaunchPlan:
             f"{len(bad)} cell(s) cannot run here, first {bad[0].label}: {bad[0].error}; leave "
             f"them out (e.g. --envs without {', '.join(envs)}) or fix the cause"
         )
+    if options.launcher in ("local", "debug"):
+        _check_local_devices(matrix)
     if options.dry_run:
         states = matrix_states(matrix, options.stale_after)
     else:
