@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .matrix import Matrix
-from .state import T_BASE, CellState, _hours
+from .state import T_BASE, CellState, _hours, search_runs
 
 HOURS = ("wall_clock_hours", "node_hours", "cpu_core_hours")
 T_SOURCE = "config_source"  # the --config of a plain `factor train`
@@ -19,25 +19,8 @@ T_SOURCE = "config_source"  # the --config of a plain `factor train`
 
 def past_costs(tracking_uri: str | None) -> dict[tuple[str, str, str], dict[str, float]]:
     """Mean hours of finished training runs by (method, env, base)."""
-    from factor_cli.ledger.report import _search
-    from factor_cli.ledger.store import (
-        DEFAULT_EXPERIMENT,
-        get_experiment_id,
-        open_client,
-        resolve_tracking_uri,
-        sqlite_path,
-    )
-
-    uri = resolve_tracking_uri(tracking_uri)
-    db = sqlite_path(uri)
-    if db is not None and not db.exists():
-        return {}
-    client = open_client(uri, create=False)
-    exp_id = get_experiment_id(client, DEFAULT_EXPERIMENT, uri, create=False)
-    if exp_id is None:
-        return {}
     sums: dict[tuple[str, str, str], list[dict[str, float]]] = {}
-    for run in _search(client, exp_id, "attributes.status = 'FINISHED'"):
+    for run in search_runs(tracking_uri, "attributes.status = 'FINISHED'"):
         tags = run.data.tags
         base = tags.get(T_BASE) or tags.get(T_SOURCE)
         if tags.get("kind", "train") != "train" or not base:

@@ -136,12 +136,12 @@ def read_attempts(study_dir: Path, key: str) -> list[Attempt]:
 # ----------------------------------------------------------------------------- the ledger
 
 
-def study_runs(study: str, tracking_uri: str | None) -> dict[str, list[Any]]:
-    """Training runs of ``study`` that carry a cell key, by key, newest first.
+def search_runs(tracking_uri: str | None, filter_string: str) -> list[Any]:
+    """Runs of the ledger's experiment matching ``filter_string`` (MLflow search syntax).
 
-    An empty mapping when the store or the experiment does not exist yet.
+    An empty list when the store or the experiment does not exist yet (nothing was run).
     """
-    from factor_cli.ledger.report import _quote, _search
+    from factor_cli.ledger.report import _search
     from factor_cli.ledger.store import (
         DEFAULT_EXPERIMENT,
         LedgerError,
@@ -154,20 +154,26 @@ def study_runs(study: str, tracking_uri: str | None) -> dict[str, list[Any]]:
     uri = resolve_tracking_uri(tracking_uri)
     db = sqlite_path(uri)
     if db is not None and not db.exists():
-        return {}
+        return []
     client = open_client(uri, create=False)
     exp_id = get_experiment_id(client, DEFAULT_EXPERIMENT, uri, create=False)
     if exp_id is None:
-        return {}
-    found: dict[str, list[Any]] = {}
+        return []
     try:
-        for run in _search(client, exp_id, f"tags.study = {_quote(study)}"):
-            tags = run.data.tags
-            if tags.get("kind", "train") != "train" or T_CELL not in tags:
-                continue
-            found.setdefault(tags[T_CELL], []).append(run)
+        return list(_search(client, exp_id, filter_string))
     except Exception as exc:
-        raise LedgerError(f"cannot read the runs of study {study} from {uri}: {exc}") from None
+        raise LedgerError(f"cannot search the runs in {uri} ({filter_string}): {exc}") from None
+
+
+def study_runs(study: str, tracking_uri: str | None) -> dict[str, list[Any]]:
+    """Training runs of ``study`` that carry a cell key, by key, newest first."""
+    from factor_cli.ledger.report import _quote
+
+    found: dict[str, list[Any]] = {}
+    for run in search_runs(tracking_uri, f"tags.study = {_quote(study)}"):
+        tags = run.data.tags
+        if tags.get("kind", "train") == "train" and T_CELL in tags:
+            found.setdefault(tags[T_CELL], []).append(run)
     for runs in found.values():
         runs.sort(key=lambda r: r.info.start_time or 0, reverse=True)
     return found
