@@ -180,10 +180,13 @@ def study_runs(study: str, tracking_uri: str | None) -> dict[str, list[Any]]:
 
 
 def _age_s(stamp: str) -> float:
+    """Seconds since an ISO stamp (one without a zone is UTC, as the ledger writes them)."""
     try:
         then = datetime.fromisoformat(stamp)
     except ValueError:
         return float("inf")
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=timezone.utc)
     return (datetime.now(timezone.utc) - then).total_seconds()
 
 

@@ -239,11 +239,6 @@ def test_a_slurm_cell_is_alive_while_its_heartbeat_is_fresh(ledger: Ledger) -> N
     assert patient["grpo/twx/44"].state == "stale"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="state._age_s catches only ValueError: a heartbeat without a UTC offset raises "
-    "TypeError (naive minus aware datetime) out of matrix_states instead of reading as old",
-)
 def test_a_heartbeat_without_a_timezone_reads_as_old_not_as_a_crash(ledger: Ledger) -> None:
     cell = by_label(ledger.jobs)["grpo/twx/42"]
     run_id = record(cell, ledger.uri, "RUNNING", study="naive", **{T_LAUNCHER: "slurm"})
@@ -543,3 +538,13 @@ def test_the_heartbeat_thread_beats_while_open_and_stops_on_exit(ledger: Ledger)
         assert tags(run.run_id) == stopped  # nothing beats after the exit
     st = states_by_label(moved(ledger.jobs, ledger.root / "nowhere"))["factor/twx/43"]
     assert st.state == "finished" and st.heartbeat == tags(run.run_id)[T_HEARTBEAT]
+
+
+def test_a_preset_named_by_path_or_by_name_is_one_base() -> None:
+    """`factor train --config experiments/smoke.yaml` estimates cells of base `smoke`."""
+    from factor_cli.resources import presets_dir
+    from factor_cli.studies.estimate import source_id
+
+    assert source_id("smoke") == source_id(str(presets_dir() / "smoke.yaml")) == "smoke"
+    assert source_id("paper") != source_id("smoke")
+    assert source_id("/no/such/config.yaml") == "/no/such/config.yaml"
