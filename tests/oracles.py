@@ -214,6 +214,56 @@ def gigpo_oracle(
     return out
 
 
+def hgpo_oracle(
+    rewards,
+    traj_index,
+    group_index,
+    state_key,
+    a_episode,
+    depth,
+    gamma,
+    alpha,
+    norm,
+    base_group=False,
+    eps=1e-6,
+):
+    """HGPO from its definition: group by (task group, last k+1 states), k = 0..depth."""
+    n = len(rewards)
+    trajs = segments(traj_index.tolist())
+    ret, turn = [0.0] * n, [0] * n
+    for idx in trajs.values():
+        for t, a in enumerate(idx):
+            ret[a] = sum(gamma**m * float(rewards[idx[t + m]]) for m in range(len(idx) - t))
+            turn[a] = t
+    groups: dict[tuple, list[int]] = {}
+    for i, idx in trajs.items():
+        for t, a in enumerate(idx):
+            for k in range(min(depth, t) + 1):
+                window = tuple(int(state_key[idx[s]]) for s in range(t - k, t + 1))
+                groups.setdefault((k, int(group_index[i]), window), []).append(a)
+    items: list[list[tuple[float, float]]] = [[] for _ in range(n)]  # (L, A_k) per action
+    for (k, _, _), members in groups.items():
+        xs = [ret[a] for a in members]
+        mu = sum(xs) / len(xs)
+        sd = math.sqrt(sum((x - mu) ** 2 for x in xs) / len(xs))
+        if len(xs) < 2 or max(xs) == min(xs):
+            continue
+        for a in members:
+            if abs(ret[a] - mu) <= 8 * 2.0**-52 * max(abs(x) for x in xs):
+                continue  # a return at the group mean: advantage 0, not counted
+            adv = (ret[a] - mu) / (sd + eps) if norm == "std" else ret[a] - mu
+            items[a].append((k + 2.0, adv))
+    out = []
+    for a in range(n):
+        its = list(items[a])
+        base = float(a_episode[int(traj_index[a])])
+        if base_group and base != 0.0:
+            its.append((1.0, base))
+        den = sum(length**alpha for length, _ in its)
+        out.append(sum(length**alpha * x for length, x in its) / (den + eps))
+    return out
+
+
 def batch_global_oracle(gap, action_index, credit, eta, tau, d) -> list[float]:
     """Batch-global norm: one softmax over every token of the batch, omega = L_t rho."""
     s = [

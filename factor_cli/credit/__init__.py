@@ -41,7 +41,8 @@ if TYPE_CHECKING:
         sign_agreement,
     )
     from .estimators import ESTIMATORS, CreditInputs, broadcast_credit, uniform_credit
-    from .gigpo import anchor_state_keys, gigpo_advantage
+    from .gigpo import gigpo_advantage
+    from .hgpo import hgpo_advantage
     from .losses import (
         REDUCTIONS,
         ActionTokens,
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
     from .methods import METHODS, CreditAssignment, MethodSpec, assign_credit
     from .schedules import alpha_schedule, eta_schedule, in_warmup
     from .serl import action_kl, serl_weights
+    from .states import anchor_state_keys, context_groups
     from .tac import gae_credit, reverse_discounted_sum, td_action_credit, td_n_step_credit
 
 _EXPORTS = {
@@ -83,8 +85,8 @@ _EXPORTS = {
     "ESTIMATORS": "estimators",
     "broadcast_credit": "estimators",
     "uniform_credit": "estimators",
-    "anchor_state_keys": "gigpo",
     "gigpo_advantage": "gigpo",
+    "hgpo_advantage": "hgpo",
     "ActionTokens": "losses",
     "DistillTokens": "losses",
     "NonActionTokens": "losses",
@@ -105,6 +107,8 @@ _EXPORTS = {
     "in_warmup": "schedules",
     "action_kl": "serl",
     "serl_weights": "serl",
+    "anchor_state_keys": "states",
+    "context_groups": "states",
     "gae_credit": "tac",
     "reverse_discounted_sum": "tac",
     "td_action_credit": "tac",
@@ -141,10 +145,12 @@ __all__ = [
     "clipped_surrogate",
     "coefficient_deviation",
     "conservation_drift",
+    "context_groups",
     "eta_schedule",
     "gae_credit",
     "gigpo_advantage",
     "group_standardize",
+    "hgpo_advantage",
     "hta_scores",
     "in_warmup",
     "leave_one_out",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 
@@ -39,6 +40,16 @@ class CreditConfig:
     """GiGPO weight of the step-level term."""
     gigpo_norm: str = "std"
     """GiGPO anchor-group normalisation: "std" or "mean"."""
+    hgpo_depth: int = 2
+    """HGPO's H: deepest history level (groups agree on the last 0..H earlier states)."""
+    hgpo_gamma: float = 0.95
+    """HGPO step-return discount (the public HGPO scripts' gamma)."""
+    hgpo_alpha: float = 1.0
+    """HGPO weight power: level k weighs (k + 2)^alpha; 0 weighs every level equally."""
+    hgpo_norm: str = "std"
+    """HGPO per-level normalisation: "std" (population std) or "mean"."""
+    hgpo_base_group: bool = False
+    """HGPO: also average in the episode advantage A^seq as the lightest (L = 1) item."""
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ValueError:
@@ -50,7 +61,7 @@ class CreditConfig:
             raise bad("d", "> 0 (math.inf for no clipping)")
         if not (self.tau > 0 and math.isfinite(self.tau)):
             raise bad("tau", "a finite number > 0")
-        for name in ("eta_0", "alpha_0", "gigpo_gamma"):
+        for name in ("eta_0", "alpha_0", "gigpo_gamma", "hgpo_gamma"):
             if not (0.0 <= getattr(self, name) <= 1.0):
                 raise bad(name, "in [0, 1]")
         if not (isinstance(self.warmup_steps, int) and self.warmup_steps >= 0):
@@ -64,6 +75,19 @@ class CreditConfig:
             raise bad("psi_min", "<= psi_max and >= 0")
         if self.gigpo_norm not in ("std", "mean"):
             raise bad("gigpo_norm", "'std' or 'mean'")
+        self._check_hgpo(bad)
+
+    def _check_hgpo(self, bad: Callable[[str, str], ValueError]) -> None:
+        depth = self.hgpo_depth
+        if not (isinstance(depth, int) and not isinstance(depth, bool) and depth >= 0):
+            raise bad("hgpo_depth", "an integer >= 0")
+        alpha = self.hgpo_alpha
+        if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha >= 0):
+            raise bad("hgpo_alpha", "a finite number >= 0")
+        if self.hgpo_norm not in ("std", "mean"):
+            raise bad("hgpo_norm", "'std' or 'mean'")
+        if not isinstance(self.hgpo_base_group, bool):
+            raise bad("hgpo_base_group", "true or false")
 
     @property
     def psi_bounds(self) -> tuple[float, float]:

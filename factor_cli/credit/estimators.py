@@ -19,6 +19,7 @@ from factor_cli.registry import Registry
 
 from .config import CreditConfig
 from .gigpo import gigpo_advantage
+from .hgpo import hgpo_advantage
 from .segments import permute_within_segments, segment_count
 from .tac import gae_credit, td_action_credit, td_n_step_credit
 
@@ -105,11 +106,16 @@ def _td_shuffled(inp: CreditInputs, cfg: CreditConfig, gen: torch.Generator | No
     return credit[permute_within_segments(inp.traj_index, gen)]
 
 
-def _gigpo(inp: CreditInputs, cfg: CreditConfig, gen: torch.Generator | None) -> Tensor:
+def _state_key(inp: CreditInputs, estimator: str) -> Tensor:
     if inp.state_key is None:
         raise ValueError(
-            "state_key is required by the gigpo estimator (one observation id per action)"
+            f"state_key is required by the {estimator} estimator (one observation id per action)"
         )
+    return inp.state_key
+
+
+def _gigpo(inp: CreditInputs, cfg: CreditConfig, gen: torch.Generator | None) -> Tensor:
+    _state_key(inp, "gigpo")
     return gigpo_advantage(
         inp.rewards,
         inp.traj_index,
@@ -119,6 +125,21 @@ def _gigpo(inp: CreditInputs, cfg: CreditConfig, gen: torch.Generator | None) ->
         gamma=cfg.gigpo_gamma,
         omega=cfg.gigpo_omega,
         norm=cfg.gigpo_norm,
+    )
+
+
+def _hgpo(inp: CreditInputs, cfg: CreditConfig, gen: torch.Generator | None) -> Tensor:
+    return hgpo_advantage(
+        inp.rewards,
+        inp.traj_index,
+        inp.group_index,
+        _state_key(inp, "hgpo"),
+        inp.a_seq,
+        depth=cfg.hgpo_depth,
+        gamma=cfg.hgpo_gamma,
+        alpha=cfg.hgpo_alpha,
+        norm=cfg.hgpo_norm,
+        base_group=cfg.hgpo_base_group,
     )
 
 
@@ -146,4 +167,8 @@ ESTIMATORS.add(
 )
 ESTIMATORS.add(
     "gigpo", Estimator(_gigpo, False, False, "GiGPO: A^seq + omega * anchor-state step advantage")
+)
+ESTIMATORS.add(
+    "hgpo",
+    Estimator(_hgpo, False, False, "HGPO: weighted step advantages of nested history groups"),
 )

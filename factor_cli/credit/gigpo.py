@@ -2,8 +2,9 @@
 
 Anchor-state groups collect the actions, across the K trajectories of one group, taken from an
 identical observation (``state_key[N_act]``: equal integers for identical observation text, as
-:func:`anchor_state_keys` assigns them; every packer uses it, so a recorded group and a training
-batch define anchor states the same way). Within each anchor group the discounted step return
+:func:`~factor_cli.credit.states.anchor_state_keys` assigns them). The anchor group is level 0
+of :func:`~factor_cli.credit.states.context_groups`, the one definition whose deeper levels HGPO
+uses. Within each anchor group the discounted step return
 
     R_t = sum_{s >= t} gamma^{s-t} r_s
 
@@ -19,40 +20,40 @@ environment convention's A^seq_i, so GiGPO differs from GRPO only by the step te
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import Tensor
 
 from . import checks
 from .config import DEFAULTS
 from .segments import segment_count, segment_mean, segment_sum
+from .states import anchor_state_keys, context_groups
 from .tac import reverse_discounted_sum
 
-
-def anchor_state_keys(observations: Sequence[str | None]) -> Tensor:
-    """state_key[N_act]: one integer id per action for the observation before it.
-
-    Two actions get the same id iff their observations are the same text once whitespace is
-    normalised (runs of spaces, tabs and newlines count as one space; leading and trailing
-    whitespace is ignored), so a re-wrapped or re-indented page is still the same state. An
-    unknown observation (None, e.g. a recording without it) gets an id of its own: it is never
-    an anchor state of another action. Ids are dense, in order of first appearance.
-    """
-    table: dict[str | tuple[int], int] = {}
-    keys = []
-    for i, text in enumerate(observations):
-        # An unknown observation is keyed by its position, a tuple no text can equal.
-        key = " ".join(text.split()) if text is not None else (i,)
-        keys.append(table.setdefault(key, len(table)))
-    return torch.tensor(keys, dtype=torch.long)
+__all__ = ["anchor_state_keys", "check_step_inputs", "gigpo_advantage"]
 
 
-def anchor_groups(group_of_action: Tensor, state_key: Tensor) -> tuple[Tensor, int]:
-    """Dense id of each action's (group, state) anchor group, and the number of anchor groups."""
-    pairs = torch.stack([group_of_action, state_key], dim=1)
-    _, inverse = torch.unique(pairs, dim=0, return_inverse=True)
-    return inverse, int(inverse.max()) + 1 if inverse.numel() else 0
+def check_step_inputs(
+    rewards: Tensor,
+    traj_index: Tensor,
+    group_index: Tensor,
+    state_key: Tensor,
+    a_episode: Tensor,
+    gamma: float,
+) -> tuple[Tensor, Tensor]:
+    """Validate the inputs GiGPO and HGPO share; returns (traj_index, group_index) as int64."""
+    checks.vector("rewards", rewards)
+    checks.non_empty("rewards", rewards)
+    checks.vector("a_episode", a_episode)
+    n_traj = a_episode.numel()
+    traj_index = checks.index("traj_index", traj_index, n_traj, length=rewards.numel())
+    checks.contiguous("traj_index", traj_index, n_traj)
+    n_groups = int(group_index.max()) + 1 if group_index.numel() else 0
+    group_index = checks.index("group_index", group_index, n_groups, length=n_traj)
+    if not isinstance(state_key, Tensor) or state_key.is_floating_point() or state_key.dim() != 1:
+        raise ValueError("state_key must be a 1-D integer tensor (one observation id per action)")
+    checks.same_length("state_key", state_key, rewards.numel(), "action")
+    checks.unit_interval("gamma", gamma)
+    return traj_index, group_index
 
 
 def gigpo_advantage(
@@ -77,23 +78,17 @@ def gigpo_advantage(
         gamma: discount of the step return; omega: weight of the step term.
         norm: "std" or "mean" (see module docstring).
     """
-    checks.vector("rewards", rewards)
-    checks.non_empty("rewards", rewards)
-    checks.vector("a_episode", a_episode)
-    n_traj = a_episode.numel()
-    traj_index = checks.index("traj_index", traj_index, n_traj, length=rewards.numel())
-    checks.contiguous("traj_index", traj_index, n_traj)
-    n_groups = int(group_index.max()) + 1 if group_index.numel() else 0
-    group_index = checks.index("group_index", group_index, n_groups, length=n_traj)
-    if not isinstance(state_key, Tensor) or state_key.is_floating_point() or state_key.dim() != 1:
-        raise ValueError("state_key must be a 1-D integer tensor (one observation id per action)")
-    checks.same_length("state_key", state_key, rewards.numel(), "action")
+    traj_index, group_index = check_step_inputs(
+        rewards, traj_index, group_index, state_key, a_episode, gamma
+    )
     if norm not in ("std", "mean"):
         raise ValueError(f"norm must be 'std' or 'mean', got {norm!r}")
-    checks.unit_interval("gamma", gamma)
+    n_traj = a_episode.numel()
 
     ret = reverse_discounted_sum(rewards, traj_index, n_traj, gamma)
-    anchor, n_anchor = anchor_groups(group_index[traj_index], state_key.long())
+    # Level 0 of the shared context groups is the anchor group (same task, same state).
+    anchor = context_groups(group_index[traj_index], state_key, traj_index, n_traj, 0)[0]
+    n_anchor = int(anchor.max()) + 1
     size = segment_count(anchor, n_anchor)
     centred = ret - segment_mean(ret, anchor, n_anchor)[anchor]
     if norm == "std":

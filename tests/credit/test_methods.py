@@ -38,6 +38,7 @@ PAPER_METHODS = [
     "credit-shuffled",
     "tac-serl-psi",
     "gigpo",
+    "hgpo",
     "td-3",
     "td-5",
     "gae-0.9",

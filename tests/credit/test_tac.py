@@ -13,6 +13,7 @@ from oracles import (
     broadcast_oracle,
     gae_oracle,
     gigpo_oracle,
+    hgpo_oracle,
     n_step_oracle,
     random_batch,
     segments,
@@ -219,6 +220,18 @@ ESTIMATOR_ORACLES = {
         CFG.gigpo_gamma,
         CFG.gigpo_omega,
         CFG.gigpo_norm,
+    ),
+    "hgpo": lambda inp: hgpo_oracle(
+        inp.rewards,
+        inp.traj_index,
+        inp.group_index,
+        inp.state_key,
+        inp.a_seq,
+        CFG.hgpo_depth,
+        CFG.hgpo_gamma,
+        CFG.hgpo_alpha,
+        CFG.hgpo_norm,
+        CFG.hgpo_base_group,
     ),
 }
 PERMUTED = {"td-shuffled"}
