@@ -9,13 +9,13 @@ the env changes), the spec's ``set``, its ``env_set`` for the env, the row's ``s
 point, ``seed``, the command line's ``--set``, ``output_dir``. Each cell's config is validated
 completely (:func:`factor_cli.train.config.load_config`) before anything runs.
 
-The cell key is the resolved config's hash, :meth:`TrainConfig.digest` (which leaves out the
-output folder and the ledger URI): cells of two rows that resolve to one config (a sweep's
-default value) are one job, listed under both rows.
+The cell key (:func:`cell_key`) is a hash of the resolved config: cells of two rows that resolve
+to one config (a sweep's default value) are one job, listed under both rows.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -51,7 +51,7 @@ class Options:
 class Cell:
     """One job of a study: a ``factor train`` of ``config``."""
 
-    key: str  # TrainConfig.digest() of the resolved config
+    key: str  # cell_key() of the resolved config
     serves: list[tuple[str, dict[str, Any]]]  # (row, axis point) pairs resolving to this config
     method: str
     env: str
@@ -199,7 +199,7 @@ def expand(
         items = _cell_items(spec, row, env, seed, point, base_env, options.overrides)
         items.append(f"output_dir={study_out}")
         cfg, error = _validated(base, items, options.overrides)
-        key = cfg.digest() if cfg is not None else _unresolved_key(base, items[:-1])
+        key = cell_key(cfg) if cfg is not None else _unresolved_key(base, items[:-1])
         if key in cells:
             cells[key].serves.append((row.name, point))
         else:
@@ -276,6 +276,40 @@ def _validated(
         if text.startswith("--set ") and text[6:].split(":")[0] not in typed:
             text = "the spec's override " + text[6:]
         return None, text
+
+
+WHERE_TO_WRITE = ("output_dir", "tracking_uri")  # not part of what a cell is
+
+
+def _sparse(value: Any, default: Any) -> Any:
+    """``value`` without the entries equal to ``default`` (recursively, for mappings)."""
+    if isinstance(value, dict) and isinstance(default, dict):
+        out = {k: _sparse(v, default.get(k)) for k, v in value.items() if v != default.get(k)}
+        return out
+    return value
+
+
+@functools.lru_cache(maxsize=1)
+def _schema_defaults() -> dict[str, Any]:
+    return TrainConfig().model_dump(mode="json", exclude=set(WHERE_TO_WRITE))
+
+
+def cell_key(cfg: TrainConfig) -> str:
+    """The cell key: SHA-256 (hex) of the canonical JSON of the resolved config's fields that
+    differ from the schema's defaults (:class:`TrainConfig` with no arguments), leaving out the
+    where-to-write fields ``output_dir`` and ``tracking_uri``.
+
+    Unlike the full :meth:`TrainConfig.digest` (the ledger's ``config_hash``), a new config field
+    whose default keeps the old behaviour leaves every key, and so every finished cell, as it
+    was: upgrading the code does not restart a study. A changed default (the same key, other
+    behaviour) shows as a finished cell from another git commit, which ``study run`` warns about
+    (``--force`` runs it again).
+    """
+    from factor_cli.ledger.provenance import canonical_json
+
+    data = cfg.model_dump(mode="json", exclude=set(WHERE_TO_WRITE))
+    text = canonical_json(_sparse(data, _schema_defaults()))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _unresolved_key(base: str, items: list[str]) -> str:

@@ -46,7 +46,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .matrix import Cell, Matrix, axis_points, override_items, override_text, variant_label
+from .matrix import (
+    Cell,
+    Matrix,
+    axis_points,
+    cell_key,
+    override_items,
+    override_text,
+    variant_label,
+)
 from .results import MissingCell, StudyResults
 from .spec import SpecError
 
@@ -189,8 +197,8 @@ def default_cells(matrix: Matrix, row: str) -> set[str]:
             continue
         done.add((cell.env, cell.seed))  # the row's base config is one per (env, seed)
         cfg = row_base_config(matrix, cell) if cell.point else cell.config
-        if cfg is not None and cfg.digest() in keys:
-            found.add(cfg.digest())
+        if cfg is not None and cell_key(cfg) in keys:
+            found.add(cell_key(cfg))
     return found
 
 

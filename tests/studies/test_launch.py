@@ -10,7 +10,7 @@ import pytest
 
 from factor_cli.studies import launch
 from factor_cli.studies.launch import LaunchOptions, StudyError, plan_launch
-from factor_cli.studies.matrix import Matrix, Options, expand
+from factor_cli.studies.matrix import Matrix, Options, cell_key, expand
 from factor_cli.studies.spec import load_spec
 
 SPEC = """\
@@ -108,7 +108,7 @@ def test_a_real_plan_writes_each_cell_config_that_loads_back_to_its_key(tmp_path
     matrix = _matrix(tmp_path)
     plan = plan_launch(matrix, LaunchOptions())
     for job, cell in zip(plan.jobs, matrix.cells):
-        assert load_config(str(job.config_path)).digest() == cell.key
+        assert cell_key(load_config(str(job.config_path))) == cell.key
     assert (tmp_path / "m.db").exists()  # the store is created once, in the parent
 
 
@@ -123,3 +123,23 @@ def test_a_real_plan_writes_each_cell_config_that_loads_back_to_its_key(tmp_path
 def test_bad_launch_options_are_one_line(tmp_path: Path, bad: LaunchOptions, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         plan_launch(_matrix(tmp_path), bad)
+
+
+def test_the_cell_key_ignores_defaults_so_new_fields_keep_finished_cells() -> None:
+    """A field set to its schema default, or a field added later with a default that keeps the
+    old behaviour, leaves the key (and so a study's finished cells) unchanged; a real change
+    does not; paths never count."""
+    from factor_cli.studies import matrix as m
+    from factor_cli.train.config import load_config
+
+    key = cell_key(load_config("smoke"))
+    assert cell_key(load_config("smoke", ["optim.clip_eps=0.2"])) == key  # the default
+    assert cell_key(load_config("smoke", ["output_dir=/elsewhere"])) == key
+    assert cell_key(load_config("smoke", ["optim.clip_eps=0.3"])) != key
+    assert cell_key(load_config("smoke", ["seed=43"])) != key
+    dump = {"a": 1, "sec": {"x": 2, "y": 3}}
+    later = {"a": 1, "sec": {"x": 2, "y": 3, "new": 0.5}, "added": {"z": 1}}
+    defaults = {"a": 0, "sec": {"x": 2, "y": 0}}
+    defaults_later = {"a": 0, "sec": {"x": 2, "y": 0, "new": 0.5}, "added": {"z": 1}}
+    expected = {"a": 1, "sec": {"y": 3}}
+    assert m._sparse(dump, defaults) == m._sparse(later, defaults_later) == expected

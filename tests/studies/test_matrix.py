@@ -28,7 +28,7 @@ import yaml
 
 from factor_cli.resources import presets_dir, splits_dir
 from factor_cli.splits.manifest import MANIFEST_NAMES
-from factor_cli.studies.matrix import Cell, Matrix, Options, expand, invalid_cells
+from factor_cli.studies.matrix import Cell, Matrix, Options, cell_key, expand, invalid_cells
 from factor_cli.studies.spec import SpecError, load_spec, shipped_specs
 from factor_cli.train.config import TrainConfig
 
@@ -219,7 +219,7 @@ def test_every_cell_resolves_to_its_variant(name: str) -> None:
             cell.seed,
             cell.method,
         )
-        assert cell.key == cfg.digest()
+        assert cell.key == cell_key(cfg)
         assert cfg.output_dir == str(matrix.output_dir)
         assert matrix.output_dir.parts[-2:] == ("studies", name)
         for variant in cell.variants:

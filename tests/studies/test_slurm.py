@@ -28,7 +28,7 @@ from factor_cli.studies import cell as cell_module
 from factor_cli.studies import launch
 from factor_cli.studies.cell import CellJob
 from factor_cli.studies.launch import LaunchOptions, SlurmOptions, StudyError, run_study
-from factor_cli.studies.matrix import Matrix, Options, expand
+from factor_cli.studies.matrix import Matrix, Options, cell_key, expand
 from factor_cli.studies.spec import load_spec
 from factor_cli.studies.state import T_ATTEMPT, T_CELL, T_LAUNCHER, T_SPEC
 from factor_cli.train.config import load_config
@@ -204,7 +204,7 @@ def test_each_array_task_runs_its_cell_through_torchrun(
         assert job.tracking_uri == matrix.tracking_uri
         config = job.config_path
         assert config == matrix.output_dir.resolve() / "cells" / cell.key / "config.yaml"
-        assert load_config(str(config)).digest() == cell.key  # what the node trains = the cell
+        assert cell_key(load_config(str(config))) == cell.key  # what the node trains = the cell
         command = job.command(1, None)
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                     "--nproc_per_node=2", "-m", "factor_cli", "train", "--config",
