@@ -311,10 +311,10 @@ def test_default_rows_are_table_1s_runs(name: str, keep: Callable[[Cell], bool])
         assert _same_run(cell, _main_cell(cell.method, cell.env, cell.seed))
 
 
-def test_main_gigpo_row_only_when_named() -> None:
+def test_main_context_rows_only_when_named() -> None:
     spec, path = load_spec("main")
-    assert "gigpo" not in {c.method for c in paper_matrix("main").cells}
-    rows = ["grpo", "serl-repro", "factor", "gigpo"]
+    assert not {"gigpo", "hgpo"} & {c.method for c in paper_matrix("main").cells}
+    rows = ["grpo", "serl-repro", "factor", "gigpo", "hgpo"]
     matrix = expand(spec, path, Options(rows=rows, envs=["alfworld"]))
     assert [c.row for c in matrix.cells] == [r for r in rows for _ in SEEDS]
     assert {c.config.method for c in matrix.cells} == set(rows)
