@@ -57,6 +57,7 @@ if TYPE_CHECKING:
         policy_loss,
     )
     from .methods import METHODS, CreditAssignment, MethodSpec, assign_credit
+    from .ppo import TOKEN_ESTIMATORS, TokenGAE, token_gae, value_loss, whiten
     from .schedules import alpha_schedule, eta_schedule, in_warmup
     from .serl import action_kl, serl_weights
     from .states import anchor_state_keys, context_groups
@@ -102,6 +103,11 @@ _EXPORTS = {
     "METHODS": "methods",
     "MethodSpec": "methods",
     "assign_credit": "methods",
+    "TOKEN_ESTIMATORS": "ppo",
+    "TokenGAE": "ppo",
+    "token_gae": "ppo",
+    "value_loss": "ppo",
+    "whiten": "ppo",
     "alpha_schedule": "schedules",
     "eta_schedule": "schedules",
     "in_warmup": "schedules",
@@ -121,6 +127,7 @@ __all__ = [
     "ESTIMATORS",
     "METHODS",
     "REDUCTIONS",
+    "TOKEN_ESTIMATORS",
     "ActionTokens",
     "Convention",
     "CreditAssignment",
@@ -133,6 +140,7 @@ __all__ = [
     "Objective",
     "PackedBatch",
     "Registry",
+    "TokenGAE",
     "TrajectoryAdvantage",
     "action_kl",
     "action_surrogate_weight",
@@ -166,7 +174,10 @@ __all__ = [
     "td_n_step_credit",
     "terminal_rewards",
     "terminal_targets",
+    "token_gae",
     "uniform_credit",
+    "value_loss",
+    "whiten",
 ]
 
 

@@ -3,7 +3,7 @@
 Tokens of all executable actions of all trajectories are concatenated; each level points to the
 level above with an index tensor:
 
-    per token  [N_tok]:  action_index, logp_old, logp_teacher (optional)
+    per token  [N_tok]:  action_index, logp_old, logp_teacher (optional), token_values (optional)
     per action [N_act]:  traj_index, values (optional), state_key (optional)
     per traj  [N_traj]:  group_index, outcome
 
@@ -41,6 +41,8 @@ class PackedBatch:
     """[N_act] target value head V_target(x_t) at the boundary before each action."""
     state_key: Tensor | None = None
     """[N_act] id of the observation before each action (GiGPO anchor states)."""
+    token_values: Tensor | None = None
+    """[N_tok] the PPO critic's V before each action token (``credit.ppo``'s token chain)."""
 
     @property
     def num_tokens(self) -> int:
@@ -103,6 +105,9 @@ class PackedBatch:
         if self.values is not None:
             checks.vector("values", self.values)
             checks.same_length("values", self.values, n_act, "action")
+        if self.token_values is not None:
+            checks.vector("token_values", self.token_values)
+            checks.same_length("token_values", self.token_values, self.num_tokens, "token")
         if self.state_key is not None:
             checks.index("state_key", self.state_key, 2**62, length=n_act)
         CONVENTIONS.get(self.convention)

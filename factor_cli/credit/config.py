@@ -50,6 +50,14 @@ class CreditConfig:
     """HGPO per-level normalisation: "std" (population std) or "mean"."""
     hgpo_base_group: bool = False
     """HGPO: also average in the episode advantage A^seq as the lightest (L = 1) item."""
+    ppo_gamma: float = 1.0
+    """PPO (critic) discount along the token chain of the policy's action tokens."""
+    ppo_lambda: float = 0.95
+    """PPO (critic) GAE lambda along the token chain."""
+    ppo_whiten: bool = True
+    """PPO (critic): whiten the token advantages over each PPO mini-batch (verl's default)."""
+    ppo_value_clip: float = 0.5
+    """PPO critic loss: V is clipped to V_old +- this (verl's cliprange_value); > 0."""
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ValueError:
@@ -61,7 +69,7 @@ class CreditConfig:
             raise bad("d", "> 0 (math.inf for no clipping)")
         if not (self.tau > 0 and math.isfinite(self.tau)):
             raise bad("tau", "a finite number > 0")
-        for name in ("eta_0", "alpha_0", "gigpo_gamma", "hgpo_gamma"):
+        for name in ("eta_0", "alpha_0", "gigpo_gamma", "hgpo_gamma", "ppo_gamma", "ppo_lambda"):
             if not (0.0 <= getattr(self, name) <= 1.0):
                 raise bad(name, "in [0, 1]")
         if not (isinstance(self.warmup_steps, int) and self.warmup_steps >= 0):
@@ -76,6 +84,11 @@ class CreditConfig:
         if self.gigpo_norm not in ("std", "mean"):
             raise bad("gigpo_norm", "'std' or 'mean'")
         self._check_hgpo(bad)
+        if not isinstance(self.ppo_whiten, bool):
+            raise bad("ppo_whiten", "true or false")
+        clip = self.ppo_value_clip
+        if not (isinstance(clip, (int, float)) and clip > 0):
+            raise bad("ppo_value_clip", "> 0 (inf for no clipping)")
 
     def _check_hgpo(self, bad: Callable[[str, str], ValueError]) -> None:
         depth = self.hgpo_depth

@@ -20,7 +20,9 @@ from .batch import PackedBatch
 from .config import CreditConfig
 from .estimators import ESTIMATORS, CreditInputs, uniform_credit
 from .losses import REDUCTIONS
+from .ppo import TOKEN_ESTIMATORS
 from .schedules import alpha_schedule, eta_schedule, in_warmup
+from .segments import segment_mean
 
 SCHEDULES = ("eta", "alpha", "none")
 
@@ -46,6 +48,9 @@ class MethodSpec:
     steps_scale: float | None = None
     """Train ceil(steps_scale x steps) steps (SERL-Extended: 1.25, so 188 of the paper's 150:
     the compute FACTOR's continuations cost; 5 of the smoke preset's 4)."""
+    critic: bool = False
+    """Trains a learned critic and takes token-level credit from it: ``estimator`` then names a
+    ``TOKEN_ESTIMATORS`` entry (PPO's token GAE), not an ``ESTIMATORS`` one."""
 
     @property
     def uses_teacher(self) -> bool:
@@ -54,6 +59,9 @@ class MethodSpec:
 
     @property
     def uses_value_head(self) -> bool:
+        """FACTOR's value head (continuation targets); a critic method has its own critic."""
+        if self.critic:
+            return self.continuations
         return self.continuations or ESTIMATORS.get(self.estimator).uses_values
 
 
@@ -61,7 +69,9 @@ METHODS: Registry[MethodSpec] = Registry("method")
 
 
 def _add(spec: MethodSpec) -> None:
-    ESTIMATORS.get(spec.estimator)
+    (TOKEN_ESTIMATORS if spec.critic else ESTIMATORS).get(spec.estimator)
+    if spec.critic and (spec.allocation != "uniform" or spec.schedule != "none" or spec.kl):
+        raise ValueError(f"critic method {spec.name!r}: token credit takes no allocation or KL")
     ALLOCATIONS.get(spec.allocation)
     if spec.schedule not in SCHEDULES:
         raise ValueError(f"schedule {spec.schedule!r} not in {SCHEDULES}")
@@ -174,6 +184,16 @@ for _spec in (
         continuations=False,
         summary="HGPO: adaptive-weighted advantages of history-consistent step groups",
     ),
+    MethodSpec(
+        "ppo",
+        "critic-gae",
+        "uniform",
+        "none",
+        kl=False,
+        continuations=False,
+        critic=True,
+        summary="PPO: learned critic, token GAE across turns, value clipping",
+    ),
     replace(_FACTOR, name="td-3", estimator="td-3", summary="FACTOR with 3-step TD credit"),
     replace(_FACTOR, name="td-5", estimator="td-5", summary="FACTOR with 5-step TD credit"),
     replace(_FACTOR, name="gae-0.9", estimator="gae-0.9", summary="FACTOR with GAE(0.9) credit"),
@@ -212,6 +232,12 @@ class CreditAssignment:
     """lambda_k of the action KL (0 when the method has none)."""
     warmup: bool
     """True if credit was uniform because the value head is warming up."""
+    returns: Tensor | None = None
+    """Critic methods: R_n = A_n + V_n per action token, the critic's target, [N_tok]."""
+    token_values: Tensor | None = None
+    """Critic methods: V^old_n the advantages came from, [N_tok] (for value clipping)."""
+    whiten: bool = False
+    """Critic methods: ``coef`` is to be whitened per PPO mini-batch (``credit.ppo.whiten``)."""
 
 
 def assign_credit(
@@ -234,6 +260,8 @@ def assign_credit(
     traj = batch.traj_index.long()
     adv = CONVENTIONS.get(batch.convention)(batch.outcome, batch.group_index)
     rewards = terminal_rewards(adv.terminal, traj)
+    if spec.critic:
+        return _critic_assignment(batch, spec, adv.a_seq, adv.v0, rewards, cfg, reduction)
     estimator = ESTIMATORS.get(spec.estimator)
     warm = spec.warmup and estimator.uses_values and in_warmup(step, cfg)
     if estimator.uses_values and not warm and batch.values is None:
@@ -276,4 +304,35 @@ def assign_credit(
         strength=strength,
         kl_coef=alpha_schedule(step, cfg) if spec.kl else 0.0,
         warmup=warm,
+    )
+
+
+def _critic_assignment(
+    batch: PackedBatch,
+    spec: MethodSpec,
+    a_seq: Tensor,
+    v0: Tensor,
+    rewards: Tensor,
+    cfg: CreditConfig,
+    reduction: str,
+) -> CreditAssignment:
+    """Token credit from the critic: C_n = A_n (token GAE; whitened later, per mini-batch)."""
+    gae = TOKEN_ESTIMATORS.get(spec.estimator)(batch, rewards, cfg)
+    action_index = batch.action_index.long()
+    # Per-action credit for the diagnostics: the mean token advantage of the action.
+    credit = segment_mean(gae.advantages, action_index, batch.num_actions)
+    return CreditAssignment(
+        a_seq=a_seq,
+        v0=v0,
+        rewards=rewards,
+        credit=credit,
+        weight=torch.ones_like(gae.advantages),
+        coef=gae.advantages,
+        reduction=spec.reduction or reduction,
+        strength=0.0,
+        kl_coef=0.0,
+        warmup=False,
+        returns=gae.returns,
+        token_values=batch.token_values,
+        whiten=cfg.ppo_whiten,
     )

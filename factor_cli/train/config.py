@@ -73,6 +73,11 @@ class ModelConfig(Strict):
         "float32", description="Weights dtype."
     )
     device: str = Field("cpu", description="Device: cpu, cuda, cuda:N.")
+    critic_path: str | None = Field(
+        None,
+        description="PPO critic's backbone (same tokenizer as the policy); unset: a copy of the "
+        "policy's.",
+    )
 
     @field_validator("init_tiny")
     @classmethod
@@ -193,6 +198,11 @@ class OptimConfig(Strict):
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip.")
 
 
+class CriticConfig(Strict):
+    lr: float = Field(1e-5, gt=0, description="PPO critic Adam learning rate (verl's default).")
+    grad_clip: float = Field(1.0, gt=0, description="PPO critic gradient-norm clip.")
+
+
 class EngineConfig(Strict):
     kind: Literal["deepspeed"] = Field("deepspeed", description="Training engine (DeepSpeed).")
     zero_stage: Literal[0, 1, 2, 3] = Field(1, description="ZeRO stage (3 is for GPUs).")
@@ -230,6 +240,7 @@ class TrainConfig(Strict):
     continuations: ContinuationConfig = Field(default_factory=ContinuationConfig)
     value: ValueConfig = Field(default_factory=ValueConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     credit: CreditConfig = Field(default_factory=CreditConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
@@ -400,6 +411,26 @@ def check_config(cfg: TrainConfig) -> None:
     """
     _check_env_manifest(cfg.env)
     _check_model(cfg.model, cfg.rollout)
+    _check_critic_path(cfg.model.critic_path)
+
+
+def _check_critic_path(path: str | None) -> None:
+    """A critic path must be a model directory (or a hub id), checked before anything loads."""
+    from factor_cli.policy.presets import looks_like_path
+
+    if path is None:
+        return
+    local = Path(path).expanduser()
+    if local.is_dir() and (local / "config.json").is_file():
+        return
+    if local.exists():
+        raise FieldError("model.critic_path", f"{local} is not a model directory (no config.json)")
+    if looks_like_path(path):
+        raise FieldError(
+            "model.critic_path",
+            f"{path}: no such model directory; point it to a model with the policy's tokenizer "
+            "or leave it unset (the critic then copies the policy)",
+        )
 
 
 def _check_env_manifest(env: EnvConfig) -> None:

@@ -8,6 +8,7 @@ the remaining steps exactly as an uninterrupted run would.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
@@ -46,6 +47,7 @@ from factor_cli.rollout.values import continuation_targets, root_values
 
 from . import checkpoint
 from .config import ConfigError, TrainConfig
+from .critic import Critic, build_critic
 from .data import instances, sample_groups
 from .distributed import Ranks
 from .engine import Engine
@@ -92,6 +94,9 @@ class Trainer:
         self.policy: Policy = load_policy(
             model_path or ensure_model(cfg), cfg.model.dtype, cfg.model.device
         )
+        # PPO's critic, iff the method trains one; built before the engine may partition the
+        # policy's weights (the default critic copies them).
+        self.critic: Critic | None = build_critic(cfg, self.policy) if self.spec.critic else None
         self.engine = Engine(self.policy.model, cfg)
         self.policy.model = self.engine.module
         # Value features and teacher scores are computed on every rank over the gathered batch
@@ -211,6 +216,25 @@ class Trainer:
             ref.append(sum(ts) / len(ts) - float(v0[cp.episode]))
         return sign_agreement(torch.tensor(pred), torch.tensor(ref))
 
+    @torch.no_grad()
+    def phase_critic(self, rb: RolloutBatch) -> RolloutBatch:
+        """The critic's V before every action token (``PackedBatch.token_values``), computed
+        under this step's critic before the update; micro-batched like the update."""
+        if self.critic is None:
+            return rb
+        size = self.cfg.optim.micro_batch_actions
+        per_action: list[torch.Tensor] = []
+        for lo in range(0, rb.batch.num_actions, size):
+            acts = range(lo, min(lo + size, rb.batch.num_actions))
+            vals = self.critic.reply_values(
+                [rb.prompts[a] for a in acts], [rb.replies[a] for a in acts], self.pad_id
+            )
+            for a, v in zip(acts, vals):
+                per_action.append(v[torch.tensor(rb.action_masks[a], device=v.device)].cpu())
+        values = torch.cat(per_action).to(rb.batch.logp_old.dtype)
+        rb.batch = dataclasses.replace(rb.batch, token_values=values).validate()
+        return rb
+
     def phase_teacher(self, roots: list[Episode]) -> list[list[float]] | None:
         if not self.spec.uses_teacher:
             return None
@@ -247,6 +271,7 @@ class Trainer:
             self.pad_id,
             teacher_prompts,
             stream_generator(self.cfg.seed, k, "minibatch"),
+            self.critic,
         )
         self.policy.model.eval()
         return stats
@@ -285,6 +310,7 @@ class Trainer:
         value_metrics = timed("value", lambda: self.phase_value(k, roots, cont))
         teacher = timed("teacher", lambda: self.phase_teacher(roots))
         rb = pack_episodes(roots, self._convention(), values=self._values, logp_teacher=teacher)
+        rb = timed("critic", lambda: self.phase_critic(rb))
         credit = self.phase_credit(k, rb)
         teacher_prompts = None
         if credit.kl_coef > 0:
@@ -325,6 +351,11 @@ class Trainer:
             **value_metrics,
             **times,
         }
+        if self.critic is not None:
+            metrics["critic_loss"] = stats.critic_loss
+            metrics["critic_grad_norm"] = stats.critic_grad_norm
+        else:
+            del metrics["time_critic"]
         gap = self.generator.last_logprob_gap
         if gap is not None:  # vLLM log-probs were re-scored by the trainer model: report the gap
             metrics["vllm_logprob_gap"] = float(gap)
@@ -341,6 +372,8 @@ class Trainer:
             "run_id": run_id,
             "config": self.cfg.model_dump(mode="json"),
         }
+        if self.critic is not None:
+            extra["critic"] = self.critic.full_state()
         return checkpoint.save(
             run_dir, self.step, self.engine, extra, self.ranks.main, self.ranks.barrier
         )
@@ -351,6 +384,8 @@ class Trainer:
         self.heads.load_state_dict(state["heads"])
         self.value_opt.load_state_dict(state["value_opt"])
         self.buffer.load_state_dict(state["buffer"])
+        if self.critic is not None:
+            self.critic.load_full_state(state["critic"])
         checkpoint.set_rng_state(state["rng"])
         self.step = int(state["step"])
         return state

@@ -15,7 +15,7 @@ forward of a rank with nothing left, which keeps ZeRO-3's collectives in step).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from itertools import accumulate
 
 import torch
@@ -28,11 +28,14 @@ from factor_cli.credit import (
     Normalizers,
     Objective,
     objective,
+    value_loss,
+    whiten,
 )
 from factor_cli.policy.generation import score_replies
 from factor_cli.rollout.packing import RolloutBatch
 
 from .config import TrainConfig
+from .critic import Critic
 from .engine import Engine
 
 
@@ -48,6 +51,8 @@ class UpdateStats:
     grad_norm: float = 0.0
     clip_fraction: float = 0.0
     approx_kl: float = 0.0
+    critic_loss: float = 0.0
+    critic_grad_norm: float = 0.0
 
     def add(self, other: UpdateStats) -> UpdateStats:
         """Field-wise ``self += other``; returns self."""
@@ -101,6 +106,8 @@ class UpdateContext:
     teacher_prompts: Sequence[Sequence[int]] | None
     """Per action, the teacher's prompt ids (context with Phi_t); None without a KL term."""
     layout: Layout
+    critic: Critic | None = None
+    """PPO's critic (methods with ``critic=True``), trained beside the policy; else None."""
 
     @property
     def with_kl(self) -> bool:
@@ -130,13 +137,16 @@ def ppo_update(
     pad_id: int,
     teacher_prompts: Sequence[Sequence[int]] | None,
     generator: torch.Generator,
+    critic: Critic | None = None,
 ) -> UpdateStats:
     """One PPO phase (``ppo_epochs`` x ``minibatches``); returns averaged statistics.
 
     ``generator`` draws the mini-batch permutation of each epoch and nothing else: the trainer
     gives it a stream of its own, so the order does not depend on the method's other draws.
+    ``critic``: trained on the same mini-batches, with its own optimiser step after each.
     """
-    ctx = UpdateContext(engine, rb, credit, cfg, pad_id, teacher_prompts, Layout.of(rb))
+    layout = Layout.of(rb)
+    ctx = UpdateContext(engine, rb, credit, cfg, pad_id, teacher_prompts, layout, critic)
     n_act = rb.batch.num_actions
     total, n_updates = UpdateStats(), 0
     for _ in range(cfg.optim.ppo_epochs):
@@ -144,6 +154,8 @@ def ppo_update(
         for mb in _split(n_act, cfg.optim.minibatches):
             stats = minibatch_step(ctx, [order[i] for i in mb])
             stats.grad_norm = engine.step()
+            if critic is not None:
+                stats.critic_grad_norm = critic.step()
             total.add(stats)
             n_updates += 1
     return total.mean(n_updates)
@@ -176,6 +188,8 @@ def minibatch_step(ctx: UpdateContext, actions: Sequence[int]) -> UpdateStats:
     """Forward and backward every micro-batch of one mini-batch (no optimiser step)."""
     engine, optim = ctx.engine, ctx.cfg.optim
     norm = normalizers(ctx, actions)
+    if ctx.credit.whiten:
+        ctx = whitened(ctx, actions)
     micro = micro_batches(actions, engine.rank, engine.world_size, optim.micro_batch_actions)
     out = UpdateStats()
     for m, acts in enumerate(micro):
@@ -195,10 +209,53 @@ def minibatch_step(ctx: UpdateContext, actions: Sequence[int]) -> UpdateStats:
         )
         engine.backward(obj.total, boundary=boundary)
         out.add(micro_stats(obj, inputs.action, optim.clip_eps, norm))
+        if ctx.critic is not None:
+            out.critic_loss += critic_backward(ctx, acts, norm)
     if engine.world_size > 1:  # each rank saw a share: the statistics are their sums
         # On the module's device: NCCL reduces CUDA tensors only, gloo takes CPU ones.
         out = out.all_reduce(next(engine.module.parameters()).device)
     return out
+
+
+def whitened(ctx: UpdateContext, actions: Sequence[int]) -> UpdateContext:
+    """The context with the coefficients of this mini-batch's action tokens whitened
+    (``credit.ppo.whiten``): verl's per-batch advantage whitening, here per PPO mini-batch.
+    Every rank holds the whole batch and the same mini-batch, so all whiten alike."""
+    idx = torch.cat([ctx.layout.tokens[a] for a in actions])
+    coef = ctx.credit.coef.clone()
+    coef[idx] = whiten(coef[idx])
+    return replace(ctx, credit=replace(ctx.credit, coef=coef))
+
+
+def critic_backward(ctx: UpdateContext, acts: Sequence[int], norm: Normalizers) -> float:
+    """The clipped critic loss of one micro-batch (``credit.ppo.value_loss``, normalised by
+    the mini-batch's global count under the protocol's reduction), backpropagated into the
+    critic; returns the loss."""
+    rb, credit, layout = ctx.rb, ctx.credit, ctx.layout
+    if ctx.critic is None or credit.returns is None or credit.token_values is None:
+        raise ValueError("the critic loss needs a critic and a critic method's returns and values")
+    vals = ctx.critic.reply_values(
+        [rb.prompts[a] for a in acts], [rb.replies[a] for a in acts], ctx.pad_id, with_grad=True
+    )
+    new, idx, local = [], [], []
+    for i, (a, v) in enumerate(zip(acts, vals)):
+        new.append(v[torch.tensor(rb.action_masks[a], device=v.device)])
+        idx.append(layout.tokens[a])
+        local.append(torch.full((len(layout.tokens[a]),), i, dtype=torch.long))
+    v = torch.cat(new)
+    tok = torch.cat(idx)
+    unit = norm.actions if credit.reduction == "action-mean" else norm.action_tokens
+    loss = value_loss(
+        v,
+        credit.token_values[tok].to(v),
+        credit.returns[tok].to(v),
+        torch.cat(local).to(v.device),
+        credit.reduction,
+        ctx.cfg.credit.ppo_value_clip,
+        normalizer=unit,
+    )
+    loss.backward()
+    return float(loss.detach())
 
 
 def gather(ctx: UpdateContext, acts: Sequence[int]) -> MicroInputs:

@@ -39,6 +39,7 @@ PAPER_METHODS = [
     "tac-serl-psi",
     "gigpo",
     "hgpo",
+    "ppo",
     "td-3",
     "td-5",
     "gae-0.9",
@@ -59,6 +60,7 @@ def packed(seed: int = 0, convention: str = "leave-one-out") -> PackedBatch:
         logp_teacher=b.logp_old + b.gap,
         values=b.values,
         state_key=b.state_key,
+        token_values=b.gap / 3,  # the PPO critic's V before each token
     )
 
 

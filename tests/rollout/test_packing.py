@@ -4,6 +4,7 @@ rollout episodes (training) give one packed batch and, for every method, identic
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,10 @@ def test_both_packers_build_the_same_batch() -> None:
 @pytest.mark.parametrize("method", METHODS.names())
 def test_both_packers_give_identical_credit(method: str) -> None:
     recorded, trained, step = both_batches()
+    # PPO's critic values come from the trainer, not a packer: give both the same ones.
+    v = torch.linspace(-1, 1, recorded.num_tokens)
+    recorded = replace(recorded, token_values=v.to(recorded.logp_old.dtype))
+    trained = replace(trained, token_values=v.to(trained.logp_old.dtype))
     a = assign_credit(recorded, method, step, generator=torch.Generator().manual_seed(0))
     b = assign_credit(trained, method, step, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(b.credit, a.credit)

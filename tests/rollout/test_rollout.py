@@ -4,7 +4,7 @@ restore, continuations and packing into the credit core's batch."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -289,6 +289,7 @@ def test_packed_batch_feeds_every_method(policy, gen: HFGenerator, roots) -> Non
     assert b.num_tokens + rb.na_logp_old.numel() == sum(
         len(t.reply_ids) for e in eps for t in e.turns
     )
+    b = replace(b, token_values=torch.rand(b.num_tokens))  # PPO's critic values (trainer's)
     for method in METHODS:
         out = assign_credit(b, method, 20, generator=torch.Generator().manual_seed(0))
         assert torch.isfinite(out.coef).all()

@@ -81,7 +81,8 @@ def test_every_method_trains_two_steps(
 ) -> None:
     """Each method's step does what its METHODS entry says: the SERL KL term is logged
     non-zero iff the method has one, the value head trains iff the method uses it, and
-    continuations are played iff the method's budget includes them."""
+    continuations are played iff the method's budget includes them, and a critic (PPO) is
+    built and trained iff the method has one."""
     from factor_cli.train.trainer import Trainer
 
     spec = METHODS.get(method)
@@ -96,6 +97,7 @@ def test_every_method_trains_two_steps(
             assert (m["kl"] != 0.0) == spec.kl, (m["kl"], m["kl_coef"])
             assert (m["kl_coef"] > 0.0) == spec.kl
             assert ("value_mse" in m) == spec.uses_value_head, m
+            assert ("critic_loss" in m) == spec.critic == (trainer.critic is not None), m
             assert (m["continuation_interactions"] > 0) == spec.continuations, m
     finally:
         trainer.close()
