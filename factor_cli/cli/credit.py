@@ -154,7 +154,7 @@ def _compact_table(title: str) -> Table:
 @app.command("methods")
 def methods_cmd() -> None:
     """List every trainable method and ablation with its credit, allocation and schedule."""
-    from factor_cli.credit import ESTIMATORS, METHODS
+    from factor_cli.credit import ESTIMATORS, METHODS, TOKEN_ESTIMATORS
 
     wide = console.width >= 130  # the summary column only fits a wide terminal
     # Every column fits 80 terminal columns uncut; narrower, cells fold instead of being cut.
@@ -185,4 +185,7 @@ def methods_cmd() -> None:
     for name in ESTIMATORS:
         e = ESTIMATORS.get(name)
         est.add_row(name, "yes" if e.uses_values else "-", "yes" if e.conserves else "-", e.summary)
+    for name in TOKEN_ESTIMATORS:  # per-token credit from a learned critic (ppo)
+        doc = (TOKEN_ESTIMATORS.get(name).__doc__ or "").strip().splitlines()[0]
+        est.add_row(name, "critic", "-", doc.replace(":func:", "").replace("`", ""))
     console.print(est)

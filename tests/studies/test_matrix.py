@@ -313,8 +313,8 @@ def test_default_rows_are_table_1s_runs(name: str, keep: Callable[[Cell], bool])
 
 def test_main_context_rows_only_when_named() -> None:
     spec, path = load_spec("main")
-    assert not {"gigpo", "hgpo"} & {c.method for c in paper_matrix("main").cells}
-    rows = ["grpo", "serl-repro", "factor", "gigpo", "hgpo"]
+    assert not {"ppo", "gigpo", "hgpo"} & {c.method for c in paper_matrix("main").cells}
+    rows = ["grpo", "serl-repro", "factor", "ppo", "gigpo", "hgpo"]
     matrix = expand(spec, path, Options(rows=rows, envs=["alfworld"]))
     assert [c.row for c in matrix.cells] == [r for r in rows for _ in SEEDS]
     assert {c.config.method for c in matrix.cells} == set(rows)
