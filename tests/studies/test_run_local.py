@@ -24,12 +24,15 @@ pytestmark = pytest.mark.slow
 STUDY = "ci"
 
 
+def _sets(tmp: Path, model: Path) -> list[str]:
+    """The overrides every cell of these tests gets: a private ledger, folder and tiny model."""
+    return [f"output_dir={tmp}/runs", f"tracking_uri=sqlite:///{tmp}/mlflow.db",
+            f"model.path={model}", "model.init_tiny=null"]  # fmt: skip
+
+
 def _cmd(tmp: Path, model: Path, *args: str, spec: str = STUDY) -> list[str]:
-    return [
-        sys.executable, "-m", "factor_cli", "study", args[0], spec, *args[1:],
-        "--set", f"output_dir={tmp}/runs", "--set", f"tracking_uri=sqlite:///{tmp}/mlflow.db",
-        "--set", f"model.path={model}", "--set", "model.init_tiny=null",
-    ]  # fmt: skip
+    sets = [part for item in _sets(tmp, model) for part in ("--set", item)]
+    return [sys.executable, "-m", "factor_cli", "study", args[0], spec, *args[1:], *sets]
 
 
 def _start(cmd: list[str]) -> subprocess.Popen[str]:
@@ -176,15 +179,30 @@ def test_a_failing_cell_is_reported_and_retried_only_when_asked(
         cmd = _cmd(tmp_path, tiny_model_dir, *args, spec=str(spec))
         return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
+    def launches(retry_failed: int) -> int:
+        """How many cells `study run --retry-failed K` would start (decided in-process: the
+        CLI's "nothing to start" is covered by the test above)."""
+        from factor_cli.studies.launch import LaunchOptions, plan_launch
+        from factor_cli.studies.matrix import Options, expand
+        from factor_cli.studies.spec import load_spec
+
+        overrides = tuple(_sets(tmp_path, tiny_model_dir))
+        matrix = expand(*load_spec(str(spec)), Options(overrides=overrides))
+        plan = plan_launch(matrix, LaunchOptions(retry_failed=retry_failed, dry_run=True))
+        (state,) = plan.states
+        assert state.state == "failed" and "bogus" in state.reason, state
+        return len(plan.jobs)
+
     first = study("run")
     assert first.returncode == 1
     assert "unexpected keyword argument 'bogus'" in first.stderr, first.stderr[-2000:]
-    status = study("status")
-    assert "failed" in status.stdout and "bogus" in status.stdout, status.stdout
-    assert "nothing to start" in study("run").stdout  # not retried unless asked
+    assert launches(0) == 0  # reported, not retried unless asked
+    assert launches(1) == 1
     retried = study("run", "--retry-failed", "1")
     assert retried.returncode == 1 and "bogus" in retried.stderr
-    assert "nothing to start" in study("run", "--retry-failed", "1").stdout  # failed twice > 1
+    assert launches(1) == 0  # failed twice > 1
+    status = study("status")
+    assert "failed" in status.stdout and "bogus" in status.stdout, status.stdout
     (attempts,) = _attempts(tmp_path).values()
     assert [a["outcome"] for a in attempts] == ["failed", "failed"]
     runs = _runs(tmp_path)  # no checkpoint to resume: the retry is a new run, the old superseded
