@@ -6,6 +6,11 @@ are filled in when absent (without them DeepSpeed falls back to mpi4py). Its fir
 JIT-compiles a communication op, cached in the project-local ``.torch_extensions``. Multi-process
 runs use ``torchrun --nproc_per_node N -m factor_cli train ...``, which sets those variables.
 
+Several engines: a method with a learned critic (PPO) trains two models, each in an
+:class:`Engine` of its own built by this same code (ZeRO stage, precision and offload from
+``engine.*``; learning rate, gradient clip and checkpoint tag per engine); :class:`Engines` saves
+and loads them together into one checkpoint folder.
+
 Micro-batches: the caller marks which backward ends an optimizer step
 (:meth:`Engine.backward` with ``boundary``), so a mini-batch may hold any number of micro-batches;
 losses are normalised by the mini-batch's global count, so the split never changes the update.
@@ -57,14 +62,15 @@ def world() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
-def ds_config(cfg: TrainConfig) -> dict[str, Any]:
+def ds_config(cfg: TrainConfig, grad_clip: float | None = None) -> dict[str, Any]:
+    """The DeepSpeed config of ``cfg.engine``; ``grad_clip`` overrides ``optim.grad_clip``."""
     zero: dict[str, Any] = {"stage": cfg.engine.zero_stage}
     if cfg.engine.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
     conf: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
-        "gradient_clipping": cfg.optim.grad_clip,
+        "gradient_clipping": cfg.optim.grad_clip if grad_clip is None else grad_clip,
         "zero_optimization": zero,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
@@ -79,15 +85,27 @@ def ds_config(cfg: TrainConfig) -> dict[str, Any]:
 
 
 class Engine:
-    """A DeepSpeed engine around the policy model with explicit optimizer-step boundaries."""
+    """A DeepSpeed engine around a trained model (the policy, or PPO's critic) with explicit
+    optimizer-step boundaries.
 
-    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, lr: float | None = None) -> None:
+    ``lr`` and ``grad_clip`` default to ``optim.lr`` / ``optim.grad_clip`` (the policy's);
+    ``tag`` names its folder inside a checkpoint, distinct for each engine of one run.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cfg: TrainConfig,
+        lr: float | None = None,
+        grad_clip: float | None = None,
+        tag: str = "engine",
+    ) -> None:
         prepare_distributed_env(cfg.model.device)
         import deepspeed
         from deepspeed.utils import logger as ds_logger
 
         ds_logger.setLevel("WARNING")
-        conf = ds_config(cfg)
+        conf = ds_config(cfg, grad_clip)
         optimizer = None
         if "optimizer" not in conf:
             optimizer = torch.optim.Adam(model.parameters(), lr=lr or cfg.optim.lr)
@@ -98,6 +116,7 @@ class Engine:
         )
         self.rank, self.world_size = world()
         self.zero_stage = cfg.engine.zero_stage
+        self.tag = tag
 
     @property
     def module(self) -> torch.nn.Module:
@@ -148,9 +167,29 @@ class Engine:
                 tokenizer.save_pretrained(directory)
 
     def save(self, directory: Path) -> None:
-        self.engine.save_checkpoint(str(directory), tag="engine", save_latest=False)
+        """Model and optimizer state (every rank its shards) under ``directory / tag``."""
+        self.engine.save_checkpoint(str(directory), tag=self.tag, save_latest=False)
 
     def load(self, directory: Path) -> None:
-        path, _ = self.engine.load_checkpoint(str(directory), tag="engine")
+        path, _ = self.engine.load_checkpoint(str(directory), tag=self.tag)
         if path is None:
-            raise FileNotFoundError(f"{directory}: no DeepSpeed engine checkpoint")
+            raise FileNotFoundError(f"{directory}: no DeepSpeed engine checkpoint {self.tag!r}")
+
+
+class Engines:
+    """The engines of one run (the policy's, and the critic's when the method has one), saved
+    into and loaded from one checkpoint folder, each under its own tag."""
+
+    def __init__(self, *engines: Engine) -> None:
+        tags = [e.tag for e in engines]
+        if len(set(tags)) != len(tags):
+            raise ValueError(f"engines of one checkpoint need distinct tags, got {tags}")
+        self.engines = engines
+
+    def save(self, directory: Path) -> None:
+        for e in self.engines:
+            e.save(directory)
+
+    def load(self, directory: Path) -> None:
+        for e in self.engines:
+            e.load(directory)

@@ -47,10 +47,10 @@ from factor_cli.rollout.values import continuation_targets, root_values
 
 from . import checkpoint
 from .config import ConfigError, TrainConfig
-from .critic import Critic, build_critic
+from .critic import CriticEngine, build_critic
 from .data import instances, sample_groups
 from .distributed import Ranks
-from .engine import Engine
+from .engine import Engine, Engines
 from .streams import stream_generator, stream_seed
 from .update import UpdateStats, ppo_update
 
@@ -94,11 +94,14 @@ class Trainer:
         self.policy: Policy = load_policy(
             model_path or ensure_model(cfg), cfg.model.dtype, cfg.model.device
         )
-        # PPO's critic, iff the method trains one; built before the engine may partition the
-        # policy's weights (the default critic copies them).
-        self.critic: Critic | None = build_critic(cfg, self.policy) if self.spec.critic else None
+        # PPO's critic, iff the method trains one; its model is built before the engine may
+        # partition the policy's weights (the default critic copies them), then trained in an
+        # engine of its own.
+        critic = build_critic(cfg, self.policy) if self.spec.critic else None
         self.engine = Engine(self.policy.model, cfg)
         self.policy.model = self.engine.module
+        self.critic: CriticEngine | None = None if critic is None else CriticEngine(critic, cfg)
+        self.engines = Engines(self.engine, *([self.critic] if self.critic else []))
         # Value features and teacher scores are computed on every rank over the gathered batch
         # (not sharded): every rank then runs the same forwards, as ZeRO-3 requires.
         self.ranks = ranks or Ranks()
@@ -222,11 +225,12 @@ class Trainer:
         under this step's critic before the update; micro-batched like the update."""
         if self.critic is None:
             return rb
+        self.critic.module.eval()
         size = self.cfg.optim.micro_batch_actions
         per_action: list[torch.Tensor] = []
         for lo in range(0, rb.batch.num_actions, size):
             acts = range(lo, min(lo + size, rb.batch.num_actions))
-            vals = self.critic.reply_values(
+            vals = self.critic.values(
                 [rb.prompts[a] for a in acts], [rb.replies[a] for a in acts], self.pad_id
             )
             for a, v in zip(acts, vals):
@@ -263,6 +267,8 @@ class Trainer:
         """The PPO phase; its mini-batch order comes from a stream of its own, so it is the
         same for every method at a given seed and step."""
         self.policy.model.train()
+        if self.critic is not None:
+            self.critic.module.train()
         stats = ppo_update(
             self.engine,
             rb,
@@ -274,6 +280,8 @@ class Trainer:
             self.critic,
         )
         self.policy.model.eval()
+        if self.critic is not None:
+            self.critic.module.eval()
         return stats
 
     def _usable(self, roots: list[Episode]) -> list[Episode]:
@@ -372,20 +380,17 @@ class Trainer:
             "run_id": run_id,
             "config": self.cfg.model_dump(mode="json"),
         }
-        if self.critic is not None:
-            extra["critic"] = self.critic.full_state()
+        # Every engine (policy, critic) writes its model and optimizer shards into the folder.
         return checkpoint.save(
-            run_dir, self.step, self.engine, extra, self.ranks.main, self.ranks.barrier
+            run_dir, self.step, self.engines, extra, self.ranks.main, self.ranks.barrier
         )
 
     def load(self, directory: Path) -> dict[str, Any]:
-        self.engine.load(directory)
+        self.engines.load(directory)
         state = checkpoint.load_state(directory)
         self.heads.load_state_dict(state["heads"])
         self.value_opt.load_state_dict(state["value_opt"])
         self.buffer.load_state_dict(state["buffer"])
-        if self.critic is not None:
-            self.critic.load_full_state(state["critic"])
         checkpoint.set_rng_state(state["rng"])
         self.step = int(state["step"])
         return state

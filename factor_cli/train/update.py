@@ -9,7 +9,9 @@ the update. Log-probs are recomputed at the rollout temperature, as they were sa
 
 One micro-batch is three parts: :func:`gather` (forward passes, then the objective's inputs cut
 out of the packed batch), ``credit.objective`` (the loss) and :func:`padding_step` (the zero-loss
-forward of a rank with nothing left, which keeps ZeRO-3's collectives in step).
+forward of a rank with nothing left, which keeps ZeRO-3's collectives in step). A method with
+a critic (PPO) also runs :func:`critic_backward` on the same micro-batch, or
+:func:`critic_padding_step`, through the critic's own engine.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from factor_cli.policy.generation import score_replies
 from factor_cli.rollout.packing import RolloutBatch
 
 from .config import TrainConfig
-from .critic import Critic
+from .critic import CriticEngine
 from .engine import Engine
 
 
@@ -106,8 +108,9 @@ class UpdateContext:
     teacher_prompts: Sequence[Sequence[int]] | None
     """Per action, the teacher's prompt ids (context with Phi_t); None without a KL term."""
     layout: Layout
-    critic: Critic | None = None
-    """PPO's critic (methods with ``critic=True``), trained beside the policy; else None."""
+    critic: CriticEngine | None = None
+    """PPO's critic (methods with ``critic=True``) in its own engine, trained on the policy's
+    micro-batches; else None."""
 
     @property
     def with_kl(self) -> bool:
@@ -137,13 +140,14 @@ def ppo_update(
     pad_id: int,
     teacher_prompts: Sequence[Sequence[int]] | None,
     generator: torch.Generator,
-    critic: Critic | None = None,
+    critic: CriticEngine | None = None,
 ) -> UpdateStats:
     """One PPO phase (``ppo_epochs`` x ``minibatches``); returns averaged statistics.
 
     ``generator`` draws the mini-batch permutation of each epoch and nothing else: the trainer
     gives it a stream of its own, so the order does not depend on the method's other draws.
-    ``critic``: trained on the same mini-batches, with its own optimiser step after each.
+    ``critic``: trained on the same micro-batches, with its own optimiser step after each
+    mini-batch (its engine's, as the policy's).
     """
     layout = Layout.of(rb)
     ctx = UpdateContext(engine, rb, credit, cfg, pad_id, teacher_prompts, layout, critic)
@@ -196,6 +200,8 @@ def minibatch_step(ctx: UpdateContext, actions: Sequence[int]) -> UpdateStats:
         boundary = m == len(micro) - 1
         if not acts:  # nothing here for this rank: a zero-loss forward keeps it in step
             padding_step(ctx, boundary)
+            if ctx.critic is not None:
+                critic_padding_step(ctx.critic, ctx.pad_id, boundary)
             continue
         inputs = gather(ctx, acts)
         obj = objective(
@@ -210,7 +216,7 @@ def minibatch_step(ctx: UpdateContext, actions: Sequence[int]) -> UpdateStats:
         engine.backward(obj.total, boundary=boundary)
         out.add(micro_stats(obj, inputs.action, optim.clip_eps, norm))
         if ctx.critic is not None:
-            out.critic_loss += critic_backward(ctx, acts, norm)
+            out.critic_loss += critic_backward(ctx, acts, norm, boundary)
     if engine.world_size > 1:  # each rank saw a share: the statistics are their sums
         # On the module's device: NCCL reduces CUDA tensors only, gloo takes CPU ones.
         out = out.all_reduce(next(engine.module.parameters()).device)
@@ -227,15 +233,17 @@ def whitened(ctx: UpdateContext, actions: Sequence[int]) -> UpdateContext:
     return replace(ctx, credit=replace(ctx.credit, coef=coef))
 
 
-def critic_backward(ctx: UpdateContext, acts: Sequence[int], norm: Normalizers) -> float:
+def critic_backward(
+    ctx: UpdateContext, acts: Sequence[int], norm: Normalizers, boundary: bool
+) -> float:
     """The clipped critic loss of one micro-batch (``credit.ppo.value_loss``, normalised by
-    the mini-batch's global count under the protocol's reduction), backpropagated into the
-    critic; returns the loss."""
+    the mini-batch's global count under the protocol's reduction), backpropagated through the
+    critic's engine (``boundary``: the mini-batch's last micro-batch); returns the loss."""
     rb, credit, layout = ctx.rb, ctx.credit, ctx.layout
     if ctx.critic is None or credit.returns is None or credit.token_values is None:
         raise ValueError("the critic loss needs a critic and a critic method's returns and values")
-    vals = ctx.critic.reply_values(
-        [rb.prompts[a] for a in acts], [rb.replies[a] for a in acts], ctx.pad_id, with_grad=True
+    vals = ctx.critic.train_values(
+        [rb.prompts[a] for a in acts], [rb.replies[a] for a in acts], ctx.pad_id
     )
     new, idx, local = [], [], []
     for i, (a, v) in enumerate(zip(acts, vals)):
@@ -254,8 +262,15 @@ def critic_backward(ctx: UpdateContext, acts: Sequence[int], norm: Normalizers) 
         ctx.cfg.credit.ppo_value_clip,
         normalizer=unit,
     )
-    loss.backward()
+    ctx.critic.backward(loss, boundary=boundary)
     return float(loss.detach())
+
+
+def critic_padding_step(critic: CriticEngine, pad_id: int, boundary: bool) -> None:
+    """The critic's zero-loss forward and backward on one pad token, for a rank with nothing
+    left: it still joins the critic's ZeRO-3 gathers and its gradient reduction."""
+    (v,) = critic.train_values([[pad_id]], [[pad_id]], pad_id)
+    critic.backward(v.sum() * 0.0, boundary=boundary)
 
 
 def gather(ctx: UpdateContext, acts: Sequence[int]) -> MicroInputs:

@@ -49,20 +49,20 @@ def test_values_are_read_before_each_reply_token(
 ) -> None:
     """V before reply token j = the head at the last position of prompt + reply[:j]: the first
     reply token's value sits on the last prompt token (the action's boundary x_t)."""
-    from factor_cli.train.critic import build_critic
+    from factor_cli.train.critic import build_critic, reply_values
 
     critic = build_critic(
         _cfg(tiny_model_dir, tmp_path, tiny_model_dir if from_path else None), policy
     )
     torch.nn.init.normal_(critic.head.weight, std=0.5)  # the zero head would read 0 everywhere
     prompts, replies = [[5, 6, 7], [8, 9]], [[10, 11], [12, 13, 14]]
-    got = critic.reply_values(prompts, replies, pad_id=0)
+    got = reply_values(critic, prompts, replies, pad_id=0)
     for p, r, v in zip(prompts, replies, got):
         for j in range(len(r)):
             prefix = torch.tensor([p + r[:j]])
             with torch.no_grad():
                 h = critic.backbone(input_ids=prefix).last_hidden_state[0, -1]
-                want = critic.head(h.float()).squeeze(-1)
+                want = critic.head(h).squeeze(-1).float()
             torch.testing.assert_close(v[j], want, atol=1e-5, rtol=1e-5)
 
 
@@ -78,38 +78,44 @@ def test_default_critic_copies_the_policy_backbone(policy, tiny_model_dir, tmp_p
 
 
 def test_critic_learns_and_round_trips_its_state(policy, tiny_model_dir, tmp_path) -> None:
-    from factor_cli.train.critic import build_critic
+    """The critic's engine lowers the value loss, and its checkpoint folder (``critic``)
+    restores the weights into a fresh engine."""
+    from factor_cli.train.critic import CriticEngine, build_critic
 
     cfg = _cfg(tiny_model_dir, tmp_path)
-    critic = build_critic(cfg, policy)
+    critic = CriticEngine(build_critic(cfg, policy), cfg)
     prompts, replies = [[5, 6, 7], [8, 9]], [[10, 11], [12, 13, 14]]
     target = torch.tensor([1.0, 1.0, -1.0, -1.0, -1.0])
     index = torch.tensor([0, 0, 1, 1, 1])
     losses = []
     for _ in range(10):
-        v = torch.cat(critic.reply_values(prompts, replies, 0, with_grad=True))
+        v = torch.cat(critic.train_values(prompts, replies, 0))
         loss = value_loss(v, v.detach(), target, index, "action-mean", clip=float("inf"))
-        loss.backward()
+        critic.backward(loss, boundary=True)
         assert critic.step() > 0
         losses.append(float(loss))
     assert losses[-1] < losses[0]
-    other = build_critic(cfg, policy)
-    other.load_full_state(critic.full_state())
+    critic.save(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "critic").is_dir()
+    other = CriticEngine(build_critic(cfg, policy), cfg)
+    other.load(tmp_path / "ckpt")
     torch.testing.assert_close(
-        torch.cat(other.reply_values(prompts, replies, 0)),
-        torch.cat(critic.reply_values(prompts, replies, 0)),
+        torch.cat(other.values(prompts, replies, 0)), torch.cat(critic.values(prompts, replies, 0))
     )
+
+
+def _weights(engine) -> torch.Tensor:
+    """The engine's whole parameters, flattened (gathered under ZeRO-3)."""
+    with engine.full_parameters() as module:
+        return torch.cat([p.detach().flatten().clone() for p in module.parameters()])
 
 
 def _ppo_update_run(tiny: Path, micro: int) -> tuple[list[float], torch.Tensor, torch.Tensor]:
     """Three PPO phases on a synthetic batch with the critic: (losses, policy w, critic w)."""
-    import dataclasses
+    from synthetic_ppo import ppo_inputs
 
-    from synthetic import synthetic_batch
-
-    from factor_cli.credit import assign_credit
     from factor_cli.policy.model import load_policy
-    from factor_cli.train.critic import build_critic
+    from factor_cli.train.critic import CriticEngine
     from factor_cli.train.engine import Engine
     from factor_cli.train.update import ppo_update
 
@@ -125,24 +131,15 @@ def _ppo_update_run(tiny: Path, micro: int) -> tuple[list[float], torch.Tensor, 
         ],
     )
     policy = load_policy(str(tiny))
-    critic = build_critic(cfg, policy)
-    torch.nn.init.normal_(critic.head.weight, std=0.1, generator=torch.Generator().manual_seed(0))
-    rb = synthetic_batch(policy.model)
-    values = [
-        v[torch.tensor(m)]
-        for v, m in zip(critic.reply_values(rb.prompts, rb.replies, 0), rb.action_masks)
-    ]
-    rb.batch = dataclasses.replace(rb.batch, token_values=torch.cat(values).detach())
-    credit = assign_credit(rb.batch, "ppo", 1, cfg.credit, cfg.reduction)
+    model, rb, credit = ppo_inputs(cfg, policy)
     engine = Engine(policy.model, cfg)
+    critic = CriticEngine(model, cfg)
     losses = []
     for i in range(3):
         gen = torch.Generator().manual_seed(i)
         stats = ppo_update(engine, rb, credit, cfg, 0, None, gen, critic)
         losses += [stats.loss, stats.critic_loss]
-    weights = torch.cat([p.detach().flatten().clone() for p in engine.module.parameters()])
-    cw = torch.cat([p.detach().flatten().clone() for p in critic.parameters()])
-    return losses, weights, cw
+    return losses, _weights(engine), _weights(critic)
 
 
 def test_micro_batching_never_changes_the_ppo_update(tiny_model_dir: Path) -> None:
@@ -154,6 +151,69 @@ def test_micro_batching_never_changes_the_ppo_update(tiny_model_dir: Path) -> No
     assert all(x > 0 for x in l3[1::2])  # the critic loss is there
     assert float((w3 - w100).abs().max()) < 1e-4
     assert float((c3 - c100).abs().max()) < 1e-4
+
+
+@pytest.mark.parametrize("zero_stage", [0, 3])
+def test_critic_engine_step_equals_plain_adam(tiny_model_dir: Path, zero_stage: int) -> None:
+    """Under the critic's DeepSpeed engine (ZeRO 0 and 3, three micro-batches per step), the
+    PPO phase's critic update is the plain one: the whole mini-batch's value loss in one
+    forward, its gradient clipped to ``critic.grad_clip`` (binding here), one torch Adam
+    step at ``critic.lr``, three times. The policy's own lr and clip are set far off, so an
+    engine built with them would not match."""
+    import copy
+
+    from synthetic_ppo import ppo_inputs
+
+    from factor_cli.policy.model import load_policy
+    from factor_cli.train.critic import CriticEngine, reply_values
+    from factor_cli.train.engine import Engine
+    from factor_cli.train.update import ppo_update
+
+    cfg = load_config(
+        "smoke",
+        [
+            "method=ppo",
+            f"engine.zero_stage={zero_stage}",
+            "optim.micro_batch_actions=3",
+            "optim.minibatches=1",
+            "optim.lr=1e-2",
+            "optim.grad_clip=1e6",
+            "critic.lr=1e-3",
+            "critic.grad_clip=0.05",
+        ],
+    )
+    policy = load_policy(str(tiny_model_dir))
+    model, rb, credit = ppo_inputs(cfg, policy)
+    plain = copy.deepcopy(model)
+    opt = torch.optim.Adam(plain.parameters(), lr=cfg.critic.lr)
+    engine = Engine(policy.model, cfg)
+    critic = CriticEngine(model, cfg)
+    unit = rb.batch.num_actions if cfg.reduction == "action-mean" else rb.batch.num_tokens
+    for i in range(3):
+        stats = ppo_update(
+            engine, rb, credit, cfg, 0, None, torch.Generator().manual_seed(i), critic
+        )
+        values = reply_values(plain, rb.prompts, rb.replies, 0, with_grad=True)
+        v = torch.cat([x[torch.tensor(m)] for x, m in zip(values, rb.action_masks)])
+        loss = value_loss(
+            v,
+            credit.token_values,
+            credit.returns,
+            rb.batch.action_index,
+            cfg.reduction,
+            cfg.credit.ppo_value_clip,
+            normalizer=unit,
+        )
+        loss.backward()
+        norm = float(torch.nn.utils.clip_grad_norm_(plain.parameters(), cfg.critic.grad_clip))
+        opt.step()
+        opt.zero_grad()
+        assert norm > cfg.critic.grad_clip  # the clip binds
+        assert stats.critic_loss == pytest.approx(float(loss), rel=1e-5)
+    want = torch.cat([p.detach().flatten() for p in plain.parameters()])
+    # Measured: the engine's weights within 1.2e-6 of the plain ones (float sums in another
+    # order, through Adam); the critic built with clip 1.0 instead of 0.05 lands 1.5e-3 away.
+    assert float((_weights(critic) - want).abs().max()) < 1e-5
 
 
 @pytest.mark.skipif(availability("twx") is not None, reason=f"twx: {availability('twx')}")
@@ -170,18 +230,30 @@ def test_trainer_checkpoints_the_critic(tiny_model_dir: Path, tmp_path: Path) ->
         assert "critic_loss" in trainer.train_step().metrics
         # Tiny runs often score 0 (zero returns, zero critic gradient): mark the head instead.
         torch.nn.init.normal_(
-            trainer.critic.head.weight, generator=torch.Generator().manual_seed(0)
+            trainer.critic.module.head.weight, generator=torch.Generator().manual_seed(0)
         )
         saved = trainer.save(tmp_path / "run", None)
-        want = {k: v.clone() for k, v in trainer.critic.state_dict().items()}
+        want = {k: v.clone() for k, v in trainer.critic.module.state_dict().items()}
+        moments = _adam_moments(trainer.critic)
     finally:
         trainer.close()
     fresh = Trainer(cfg)
     try:
-        assert not torch.equal(fresh.critic.head.weight, want["head.weight"])
+        assert not torch.equal(fresh.critic.module.head.weight, want["head.weight"])
+        assert _adam_moments(fresh.critic) == []
         fresh.load(saved)
-        for k, v in fresh.critic.state_dict().items():
+        for k, v in fresh.critic.module.state_dict().items():
             torch.testing.assert_close(v, want[k])
-        assert fresh.critic.optimizer.state_dict()["state"]  # Adam's moments came back too
+        got = _adam_moments(fresh.critic)  # Adam's moments came back too
+        assert len(got) == len(moments) > 0
+        for a, b in zip(got, moments):
+            torch.testing.assert_close(a, b)
     finally:
         fresh.close()
+
+
+def _adam_moments(critic) -> list[torch.Tensor]:
+    """The first moments of the critic engine's Adam (the smoke preset's ZeRO-1 wraps torch's
+    Adam as ``optimizer.optimizer``, over flat fp32 partitions)."""
+    state = critic.optimizer.optimizer.state
+    return [s["exp_avg"].clone() for s in state.values()]
