@@ -27,7 +27,13 @@ class CreditConfig:
     anneal_steps: int = 50
     """Horizon of the linear eta_k / alpha_k annealing (teacher active for W < k < anneal_steps)."""
     alpha_0: float = 0.5
-    """SERL multiplier strength alpha_0; alpha_k = alpha_0 max(1 - k/anneal_steps, 0) = lambda_k."""
+    """SERL multiplier strength alpha_0; alpha_k = alpha_0 max(1 - k/anneal_steps, 0) = lambda_k.
+    The KL weight follows SERL's mixing schedule, as the paper's text says (lambda_k = alpha_k).
+    The authors' public code uses lambda_k = max(1 - k/50, 0) instead: set credit.kl_0 = 1.0."""
+    kl_0: float | None = None
+    """SERL's action-KL weight lambda_0: lambda_k = kl_0 max(1 - k/anneal_steps, 0); None (the
+    default) ties it to the mixing strength (lambda_k = alpha_k); 1.0 reproduces the authors'
+    code."""
     psi_clip: float = 0.2
     """SERL's c: psi is clipped to [1 - c, 1 + c] unless psi_min / psi_max are set."""
     psi_min: float | None = None
@@ -78,6 +84,8 @@ class CreditConfig:
             raise bad("anneal_steps", "an integer >= 1")
         if not (0.0 <= self.psi_clip < 1.0):
             raise bad("psi_clip", "in [0, 1)")
+        if self.kl_0 is not None and not (math.isfinite(self.kl_0) and self.kl_0 >= 0.0):
+            raise bad("kl_0", "a finite number >= 0, or null (lambda_k = alpha_k)")
         lo, hi = self.psi_bounds
         if not (0.0 <= lo <= hi):
             raise bad("psi_min", "<= psi_max and >= 0")

@@ -21,7 +21,7 @@ from .config import CreditConfig
 from .estimators import ESTIMATORS, CreditInputs, uniform_credit
 from .losses import REDUCTIONS
 from .ppo import TOKEN_ESTIMATORS
-from .schedules import alpha_schedule, eta_schedule, in_warmup
+from .schedules import alpha_schedule, eta_schedule, in_warmup, kl_schedule
 from .segments import segment_mean
 
 SCHEDULES = ("eta", "alpha", "none")
@@ -302,7 +302,7 @@ def assign_credit(
         coef=credit.index_select(0, action_index) * weight,
         reduction=spec.reduction or reduction,
         strength=strength,
-        kl_coef=alpha_schedule(step, cfg) if spec.kl else 0.0,
+        kl_coef=kl_schedule(step, cfg) if spec.kl else 0.0,
         warmup=warm,
     )
 

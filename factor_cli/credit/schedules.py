@@ -34,5 +34,15 @@ def eta_schedule(k: int, cfg: CreditConfig) -> float:
 
 
 def alpha_schedule(k: int, cfg: CreditConfig) -> float:
-    """alpha_k: SERL multiplier strength at step k; also the KL weight lambda_k."""
+    """alpha_k: SERL multiplier strength at step k (the KL weight too, unless ``kl_0`` is set)."""
     return linear_anneal(k, cfg.alpha_0, cfg.anneal_steps)
+
+
+def kl_schedule(k: int, cfg: CreditConfig) -> float:
+    """lambda_k: SERL's action-KL weight, kl_0 max(1 - k/anneal_steps, 0); alpha_k by default.
+
+    The paper's text ties it to SERL's mixing schedule (lambda_k = alpha_k = 0.5 max(1 - k/50, 0)
+    at the defaults); the authors' public code uses max(1 - k/50, 0), i.e. ``kl_0 = 1.0``.
+    """
+    start = cfg.alpha_0 if cfg.kl_0 is None else cfg.kl_0
+    return linear_anneal(k, start, cfg.anneal_steps)

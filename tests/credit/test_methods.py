@@ -190,6 +190,26 @@ def test_schedules() -> None:
         eta_schedule(0, cfg)
 
 
+def test_serl_kl_weight_is_alpha_k_unless_kl_0_reproduces_the_authors_code() -> None:
+    """lambda_k = alpha_k = 0.5 max(1 - k/50, 0) by default (the paper's text); credit.kl_0 = 1
+    gives the authors' public code's max(1 - k/50, 0) without touching the mixing alpha_k."""
+    from factor_cli.credit.schedules import kl_schedule
+
+    ours, theirs = CreditConfig(), CreditConfig(kl_0=1.0)
+    for k in (1, 10, 25, 49, 50, 150):
+        assert kl_schedule(k, ours) == alpha_schedule(k, ours) == 0.5 * max(1 - k / 50, 0)
+        assert kl_schedule(k, theirs) == pytest.approx(max(1 - k / 50, 0))
+        assert alpha_schedule(k, theirs) == alpha_schedule(k, ours)
+    batch = packed(seed=3)
+    for spec_name in ("serl-repro", "factor"):
+        a = assign_credit(batch, spec_name, 20, cfg=theirs)
+        assert a.kl_coef == pytest.approx(1 - 20 / 50)
+        assert assign_credit(batch, spec_name, 20).kl_coef == pytest.approx(0.5 * (1 - 20 / 50))
+    assert assign_credit(batch, "grpo", 20, cfg=theirs).kl_coef == 0.0  # no KL term
+    with pytest.raises(ValueError, match=r"credit\.kl_0 = -1\.0 is invalid"):
+        CreditConfig(kl_0=-1.0)
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
