@@ -142,6 +142,54 @@ def report_cmd(
         _print_unfinished(unfinished)
 
 
+def _metric(value: float) -> str:
+    return "" if value != value else f"{value:.3f}"  # NaN: not logged
+
+
+@app.command("list")
+def list_cmd(
+    study: Annotated[
+        str | None, typer.Option("--study", "-s", help="Only this study (default: all).")
+    ] = None,
+    kind: Annotated[str | None, typer.Option("--kind", help="Only train or eval runs.")] = None,
+    status: Annotated[
+        str | None, typer.Option("--status", help="Only FINISHED, FAILED, KILLED or RUNNING.")
+    ] = None,
+    last: Annotated[int, typer.Option("--last", "-n", help="The newest N runs (0: all).")] = 20,
+    tracking_uri: TrackingOpt = None,
+    experiment: ExperimentOpt = "factor",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON records.")] = False,
+) -> None:
+    """The runs, newest first: identity, kind, status, sessions, compute, final metrics
+    (eval_metric, return_mean, success_rate, invalid_rate, loss) and study tags."""
+    from factor_cli.ledger import LedgerError, list_runs
+
+    try:
+        runs = list_runs(study, tracking_uri, experiment, kind, status, last or None)
+    except LedgerError as exc:
+        fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps(_records(runs), indent=2))
+        return
+    wide = console.width >= 140  # compute, invalid rate and start time only fit a wide terminal
+    table = Table(title=f"Runs ({len(runs)} shown, newest first)")
+    table.add_column("run", no_wrap=True, min_width=12)  # the id stays whole, for copying
+    cols = ["study/method/env/seed", "kind", "status", "sess.", "eval", "return", "success"]
+    cols += ["core-h", "invalid", "started"] if wide else []
+    for col in cols:  # only the identity folds; codes and numbers stay whole
+        table.add_column(col, overflow="fold", no_wrap=col != cols[0])
+    for r in runs.itertuples(index=False):
+        row = [
+            r.run_id[:12], Text(f"{r.study}/{r.method}/{r.env}/{r.seed}"), r.kind, r.status,
+            str(r.sessions), _metric(r.eval_metric), _metric(r.return_mean),
+            _metric(r.success_rate),
+        ]  # fmt: skip
+        if wide:
+            row += [f"{r.cpu_core_hours:.3f}", _metric(r.invalid_rate), r.start_time[:19]]
+        table.add_row(*row)
+    console.print(table)
+
+
 def write_atomic(frame: pd.DataFrame, out: Path) -> None:
     """Write CSV/TSV or Parquet (by extension) to a temporary file beside ``out``, then rename."""
     name = out.name.lower()

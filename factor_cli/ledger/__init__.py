@@ -8,6 +8,7 @@ Public API::
     report(study, tracking_uri) -> DataFrame          runs and compute by (study, method)
     runs_table(study, tracking_uri) -> DataFrame      one row per run
     export_items(study, tracking_uri, kind="train") -> DataFrame   items for `factor stats`
+    list_runs(study, tracking_uri, kind=None, status=None, last=None) -> DataFrame  newest first
     resolve_tracking_uri(uri) -> str                 --tracking-uri > $MLFLOW_TRACKING_URI > ledger/
     check_store(uri) -> str                          open (create) the store now, or LedgerError
 
@@ -27,7 +28,15 @@ from .provenance import (
     git_state,
     hardware,
 )
-from .report import REPORT_COLUMNS, RUN_COLUMNS, export_items, report, runs_table, summarize
+from .report import (
+    REPORT_COLUMNS,
+    RUN_COLUMNS,
+    export_items,
+    list_runs,
+    report,
+    runs_table,
+    summarize,
+)
 from .runs import (
     DEFAULT_KIND,
     GPUS_PER_NODE,
@@ -66,6 +75,7 @@ __all__ = [
     "flatten_config",
     "git_state",
     "hardware",
+    "list_runs",
     "report",
     "resolve_tracking_uri",
     "runs_table",

@@ -154,6 +154,59 @@ def runs_table(
     return frame.sort_values(["start_time", "run_id"], kind="stable").reset_index(drop=True)
 
 
+# What `factor ledger list` shows of each run besides RUN_COLUMNS: final metrics and study tags.
+LIST_METRICS = ("eval_metric", "return_mean", "success_rate", "invalid_rate", "loss")
+LIST_TAGS = ("reduction", "temperature", "budget", "cell_key", "attempt", "git_commit")
+
+
+def list_runs(
+    study: str | None = None,
+    tracking_uri: str | None = None,
+    experiment: str = DEFAULT_EXPERIMENT,
+    kind: str | None = None,
+    status: str | None = None,
+    last: int | None = None,
+) -> pd.DataFrame:
+    """The runs, newest first: :data:`RUN_COLUMNS`, each run's last value of every
+    :data:`LIST_METRICS` metric it logged (NaN when none), and the :data:`LIST_TAGS` tags.
+
+    Args:
+        kind: only ``train`` or ``eval`` runs; status: only runs with this MLflow status;
+        last: at most this many (the newest).
+
+    Raises:
+        LedgerError: unusable store, unknown study (listing the known ones), a bad kind/status.
+    """
+    if kind is not None and kind not in RUN_KINDS:
+        raise LedgerError(f"--kind {kind!r}: unknown run kind; valid: {', '.join(RUN_KINDS)}")
+    if status is not None and status.upper() not in STATUSES:
+        raise LedgerError(f"--status {status!r}: unknown; valid: {', '.join(STATUSES)}")
+    uri, client, exp_id = _open(tracking_uri, experiment)
+    columns = [*RUN_COLUMNS, *LIST_METRICS, *LIST_TAGS]
+    if exp_id is None:
+        return pd.DataFrame(columns=columns)
+    filt = f"tags.study = {_quote(study)}" if study is not None else ""
+    try:
+        runs = list(_search(client, exp_id, filt))
+    except Exception as exc:
+        raise LedgerError(f"cannot read runs from {uri}: {first_line(exc)}") from None
+    if not runs and study is not None:
+        raise _unknown_study(study, _known_studies(client, exp_id), uri)
+    rows = []
+    for run in runs:
+        row = _row(run)
+        row.update({m: run.data.metrics.get(m, float("nan")) for m in LIST_METRICS})
+        row.update({t: run.data.tags.get(t, "") for t in LIST_TAGS})
+        rows.append(row)
+    frame = pd.DataFrame(rows, columns=columns)
+    if kind is not None:
+        frame = frame[frame["kind"] == kind]
+    if status is not None:
+        frame = frame[frame["status"] == status.upper()]
+    frame = frame.sort_values(["start_time", "run_id"], ascending=False, kind="stable")
+    return frame.head(last).reset_index(drop=True) if last else frame.reset_index(drop=True)
+
+
 def summarize(runs: pd.DataFrame) -> pd.DataFrame:
     """Aggregate a :func:`runs_table` by (study, method): counts per status and summed hours."""
     if runs.empty:
