@@ -225,15 +225,12 @@ def test_micro_batching_never_changes_the_update(tiny_model_dir: Path, zero_stag
     assert float((w3 - w100).abs().max()) < 1e-4
 
 
-@pytest.mark.parametrize("layout", ["even", "uneven", "uneven-zero3"])
-def test_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path, layout: str) -> None:
-    """Data-parallel DeepSpeed (2 CPU processes, gloo) gives the single-process update, also
-    when the ranks' shares of a mini-batch differ in size, and under ZeRO-3 (whose forwards
-    are collectives: every rank must run as many)."""
+def _dp_results(model: Path, tmp: Path, flags: list[str]) -> dict[int, dict[str, float]]:
+    """``tests/dp_worker.py`` under torchrun with 1 and 2 processes: rank 0's results of each."""
     torchrun = Path(sys.executable).with_name("torchrun")
     results = {}
     for n in (1, 2):
-        out = tmp_path / f"dp{n}.json"
+        out = tmp / f"dp{n}.json"
         cmd = [
             str(torchrun),
             "--nproc_per_node",
@@ -241,10 +238,9 @@ def test_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path, layout: s
             "--master_port",
             str(_free_port()),
             str(ROOT / "tests" / "dp_worker.py"),
-            str(tiny_model_dir),
+            str(model),
             str(out),
-            *(["--uneven"] if layout.startswith("uneven") else []),
-            *(["--zero3"] if layout.endswith("zero3") else []),
+            *flags,
         ]
         res = subprocess.run(
             cmd,
@@ -257,8 +253,40 @@ def test_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path, layout: s
         assert res.returncode == 0, res.stderr[-2000:]
         results[n] = json.loads(out.read_text())
     assert results[2]["world"] == 2
+    return results
+
+
+@pytest.mark.parametrize("layout", ["even", "uneven", "uneven-zero3"])
+def test_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path, layout: str) -> None:
+    """Data-parallel DeepSpeed (2 CPU processes, gloo) gives the single-process update, also
+    when the ranks' shares of a mini-batch differ in size, and under ZeRO-3 (whose forwards
+    are collectives: every rank must run as many)."""
+    flags = [
+        *(["--uneven"] if layout.startswith("uneven") else []),
+        *(["--zero3"] if layout.endswith("zero3") else []),
+    ]
+    results = _dp_results(tiny_model_dir, tmp_path, flags)
     assert results[2]["delta"] > 0
     for key in ("loss", "delta", "first"):
+        assert results[1][key] == pytest.approx(results[2][key], rel=1e-5, abs=1e-6), key
+
+
+@pytest.mark.parametrize("zero3", [False, True], ids=["zero1", "zero3"])
+def test_two_processes_equal_one_with_the_critic(
+    tiny_model_dir: Path, tmp_path: Path, zero3: bool
+) -> None:
+    """PPO over 2 CPU ranks: the policy's and the critic's losses and updated weights equal
+    the single process's. The critic's engine reduces its gradients over ranks as the
+    policy's does; with uneven shares the smaller one pads the critic's forward too (under
+    ZeRO-3 a missing one would hang the other rank's gather). The pre-clip gradient norms
+    match too: Adam after a binding clip is blind to a constant gradient scale, the norm is
+    not (ranks averaging instead of summing their shares would halve it)."""
+    flags = ["--ppo", "--uneven", *(["--zero3"] if zero3 else [])]
+    results = _dp_results(tiny_model_dir, tmp_path, flags)
+    assert results[2]["delta"] > 0 and results[2]["critic_delta"] > 0
+    assert results[2]["critic_loss"] > 0 and results[2]["critic_grad_norm"] > 0
+    keys = ("loss", "delta", "first", "grad_norm")
+    for key in (*keys, "critic_loss", "critic_delta", "critic_first", "critic_grad_norm"):
         assert results[1][key] == pytest.approx(results[2][key], rel=1e-5, abs=1e-6), key
 
 
