@@ -1,12 +1,22 @@
 """Monte-Carlo continuations from restored intermediate states (DESIGN section 5).
 
-Checkpoint rule. Only intermediate states x_t with 0 < t < T carry a learned value (V~(x_0) and
-V~(x_T) are fixed by the convention), so checkpoints are drawn from t in {1, ..., T-1}:
+Checkpoint rule (``support``; the state x_t is the one before action t, t = 0..T-1):
 
-* T >= 4: that range is split into B contiguous chunks (for B = 2: the first floor(T/2) actions
-  {1..floor(T/2)} and the rest) and one checkpoint is drawn uniformly from each non-empty chunk;
-* 2 <= T < 4: one checkpoint, at the midpoint floor(T/2);
-* T = 1: none.
+* ``paper`` (default): the paper's rule and the authors' code. For T >= 4, t in {0, ..., T-1} is
+  split into B contiguous chunks [floor(iT/B), floor((i+1)T/B)) (for B = 2: the first floor(T/2)
+  actions {0..floor(T/2)-1} and the rest) and one checkpoint is drawn uniformly from each
+  non-empty chunk; for T < 4 one checkpoint at the midpoint floor(T/2) (T = 1: x_0).
+* ``interior``: only states whose value credit reads, t in {1, ..., T-1}. V~(x_0) is fixed to
+  the baseline b_i by the convention, so a continuation from x_0 calibrates a value the TD
+  credit never uses (it still trains the shared head). For T >= 4, {1..T-1} is split into B
+  contiguous chunks (numpy.array_split's rule; for B = 2: {1..floor(T/2)} and the rest), one
+  draw from each; for 2 <= T < 4 the midpoint floor(T/2); for T = 1 none.
+
+What each costs: ``paper`` spends a fraction 1/floor(T/2) of the first chunk's draws (for
+B = 2, T >= 4) and every T = 1 trajectory's budget on x_0, so fewer Monte-Carlo targets land on
+states whose V~ the credit reads; ``interior`` never does, but differs from the paper's
+published rule, so runs that must match the paper keep the default. Both spend the same
+interactions per checkpoint.
 
 From each checkpoint the environment is restored (reset + replay, observations checked), then M
 continuations run under the frozen behaviour policy (temperature 1.0 by default) for at most
@@ -17,6 +27,7 @@ r_{T-1} (the convention's terminal reward), is one Monte-Carlo target for V(x_t)
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,11 +44,20 @@ HORIZON = 15
 """Maximum further turns of one continuation."""
 TEMPERATURE = 1.0
 """Sampling temperature of the frozen behaviour policy during continuations."""
+SUPPORTS = ("paper", "interior")
+SUPPORT = "paper"
+"""Which states checkpoints are drawn from (module docstring): the paper's rule by default."""
 
 
-def select_checkpoints(num_actions: int, budget: int, rng: random.Random) -> list[int]:
+def select_checkpoints(
+    num_actions: int, budget: int, rng: random.Random, support: str = SUPPORT
+) -> list[int]:
     """Checkpoint turns t (restore to the state before action t) for a T-action trajectory."""
+    if support not in SUPPORTS:
+        raise ValueError(f"unknown checkpoint support {support!r}; valid: {', '.join(SUPPORTS)}")
     t_total = num_actions
+    if support == "paper":
+        return _paper_checkpoints(t_total, budget, rng)
     if t_total < 2 or budget < 1:
         return []
     if t_total < 4:
@@ -51,6 +71,16 @@ def select_checkpoints(num_actions: int, budget: int, rng: random.Random) -> lis
         chunks.append(turns[start:end])
         start = end
     return [int(rng.choice(c)) for c in chunks if c]
+
+
+def _paper_checkpoints(t_total: int, budget: int, rng: random.Random) -> list[int]:
+    """The paper's rule: B chunks [floor(iT/B), floor((i+1)T/B)) of {0..T-1}, one draw each."""
+    if t_total < 1 or budget < 1:
+        return []
+    if t_total < 4:
+        return [t_total // 2]
+    bounds = [i * t_total // budget for i in range(budget + 1)]
+    return [rng.randrange(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
 
 
 @dataclass(frozen=True)
@@ -88,15 +118,16 @@ def run_continuations(
     temperature: float = TEMPERATURE,
     seed: int = 0,
     on_turn: Callable[[int, int], None] | None = None,
+    support: str = SUPPORT,
 ) -> ContinuationResult:
-    """B checkpoints per root trajectory (``budget``), M continuations each (``per_checkpoint``)."""
+    """B checkpoints per root trajectory (``budget``), M continuations each (``per_checkpoint``),
+    drawn by the ``support`` rule (module docstring)."""
     rng = random.Random(seed)
     checkpoints: list[Checkpoint] = []
     for i, ep in enumerate(roots):
         if ep.error is None:
-            checkpoints += [
-                Checkpoint(i, t) for t in select_checkpoints(len(ep.turns), budget, rng)
-            ]
+            turns = select_checkpoints(len(ep.turns), budget, rng, support)
+            checkpoints += [Checkpoint(i, t) for t in turns]
     starts: list[Start] = []
     owner: list[int] = []
     for c, cp in enumerate(checkpoints):

@@ -166,6 +166,11 @@ class ContinuationConfig(Strict):
     temperature: float = Field(
         continuations.TEMPERATURE, gt=0, description="Continuation sampling temperature."
     )
+    support: Literal["paper", "interior"] = Field(
+        continuations.SUPPORT,
+        description="Checkpoint states: paper (t in 0..T-1, the paper's rule) or interior "
+        "(1..T-1: never x_0, whose value is fixed to the baseline).",
+    )
 
 
 class ValueConfig(Strict):

@@ -168,6 +168,7 @@ class Trainer:
             c.temperature,
             seed=stream_seed(self.cfg.seed, k, "continuations"),
             on_turn=lambda i, n: self.progress("continuations", i, n),
+            support=c.support,
         )
 
     def phase_value(

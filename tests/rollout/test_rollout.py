@@ -249,15 +249,41 @@ def test_teacher_differs_only_by_feedback(policy, gen: HFGenerator, roots) -> No
     assert any(abs(a - b) > 1e-4 for x, y in zip(lt, student_lp) for a, b in zip(x, y))
 
 
-def test_checkpoint_rule() -> None:
+def test_checkpoint_rule_interior() -> None:
     rng = random.Random(0)
-    assert select_checkpoints(1, 2, rng) == []
-    assert select_checkpoints(2, 2, rng) == [1] and select_checkpoints(3, 2, rng) == [1]
+    assert select_checkpoints(1, 2, rng, "interior") == []
+    assert select_checkpoints(2, 2, rng, "interior") == [1]
+    assert select_checkpoints(3, 2, rng, "interior") == [1]
     for t_total in range(4, 40):
         for _ in range(5):
-            first, second = select_checkpoints(t_total, 2, rng)
+            first, second = select_checkpoints(t_total, 2, rng, "interior")
             assert 1 <= first <= t_total // 2 < second <= t_total - 1
-    assert len(select_checkpoints(30, 4, rng)) == 4
+    assert len(select_checkpoints(30, 4, rng, "interior")) == 4
+
+
+def test_checkpoint_rule_paper_is_the_default_and_covers_its_support() -> None:
+    """One draw uniformly among the first floor(T/2) actions {0..floor(T/2)-1}, one among the
+    rest, for T >= 4; the midpoint for T < 4 (x_0 for T = 1): every state of each half is
+    reachable, x_0 included."""
+    rng = random.Random(0)
+    assert select_checkpoints(1, 2, rng) == [0]
+    assert select_checkpoints(2, 2, rng) == [1] and select_checkpoints(3, 2, rng) == [1]
+    for t_total in range(4, 25):
+        half = t_total // 2
+        seen: list[set[int]] = [set(), set()]
+        for _ in range(40 * t_total):
+            first, second = select_checkpoints(t_total, 2, rng)
+            assert 0 <= first < half <= second <= t_total - 1
+            seen[0].add(first)
+            seen[1].add(second)
+        assert seen == [set(range(half)), set(range(half, t_total))]
+    four = select_checkpoints(30, 4, rng)
+    assert (
+        len(four) == 4
+        and [lo <= t < hi for t, lo, hi in zip(four, (0, 7, 15, 22), (7, 15, 22, 30))] == [True] * 4
+    )
+    with pytest.raises(ValueError, match="unknown checkpoint support 'middle'"):
+        select_checkpoints(5, 2, rng, "middle")
 
 
 def test_continuations_counts_targets_and_restore(roots) -> None:
