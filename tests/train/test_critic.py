@@ -104,6 +104,35 @@ def test_critic_learns_and_round_trips_its_state(policy, tiny_model_dir, tmp_pat
     )
 
 
+def test_critic_engine_takes_the_engine_settings(policy, tiny_model_dir, tmp_path) -> None:
+    """The critic's engine is built like the policy's from ``engine.*``: ZeRO-3 partitions its
+    parameters (each rank holds an empty placeholder until gathered), bf16 applies; its
+    optimizer runs at ``critic.lr`` with clip ``critic.grad_clip``, not ``optim.*``."""
+    from factor_cli.train.critic import CriticEngine, build_critic
+
+    cfg = load_config(
+        "smoke",
+        [
+            *[f"model.path={tiny_model_dir}", "model.init_tiny=null", "method=ppo"],
+            *["engine.zero_stage=3", "engine.precision=bf16", "optim.lr=1e-2"],
+            *["optim.grad_clip=5.0", "critic.lr=3e-4", "critic.grad_clip=0.5"],
+        ],
+    )
+    model = build_critic(cfg, policy)
+    shapes = [p.shape for p in model.parameters()]
+    critic = CriticEngine(model, cfg)
+    assert all(p.numel() == 0 for p in critic.module.parameters())  # partitioned
+    assert {p.dtype for p in critic.module.parameters()} == {torch.bfloat16}
+    with critic.full_parameters() as module:
+        assert [p.shape for p in module.parameters()] == shapes
+    assert critic.engine.gradient_clipping() == 0.5
+    assert {g["lr"] for g in critic.optimizer.param_groups} == {3e-4}
+    (v,) = critic.train_values([[5, 6, 7]], [[8, 9]], 0)
+    assert v.dtype == torch.float32  # values leave the head as float32 whatever the precision
+    critic.backward(((v - 1.0) ** 2).mean(), boundary=True)
+    assert critic.step() > 0
+
+
 def _weights(engine) -> torch.Tensor:
     """The engine's whole parameters, flattened (gathered under ZeRO-3)."""
     with engine.full_parameters() as module:
