@@ -1,6 +1,7 @@
-"""PPO's critic on the training side: its value convention, that it learns, its checkpoint
-state, where it comes from (a copy of the policy or ``model.critic_path``), and bad paths as
-one-line configuration errors."""
+"""PPO's critic on the training side: its value convention, that it learns, its DeepSpeed
+engine (built from ``engine.*`` with ``critic.*``; its step equals plain clipped Adam at ZeRO 0
+and 3), its checkpoint state, where it comes from (a copy of the policy or
+``model.critic_path``), and bad paths as one-line configuration errors."""
 
 from __future__ import annotations
 
