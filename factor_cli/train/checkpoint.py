@@ -1,6 +1,7 @@
 """Atomic training checkpoints: written to a temporary folder, then renamed into place.
 
-A checkpoint holds the DeepSpeed engine (model + optimizer), the value heads and replay buffer,
+A checkpoint holds every DeepSpeed engine of the run (the policy's, and PPO's critic's under
+``critic/``; model + optimizer), the value heads and replay buffer,
 every RNG state, the step, and the ledger run id; ``latest`` names the newest complete one. A run
 killed mid-write leaves the previous checkpoint intact.
 """
