@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from factor_cli.policy.generation.scoring import right_padded
 from factor_cli.policy.model import Policy, load_policy
 
 from .config import ConfigError, TrainConfig
@@ -66,13 +67,7 @@ def reply_values(
     ``model``: a :class:`Critic`, or the DeepSpeed engine around one (for a forward whose
     loss is backpropagated through the engine).
     """
-    seqs = [list(p) + list(r) for p, r in zip(prompts, replies)]
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-        mask[i, : len(s)] = 1
+    ids, mask = right_padded(prompts, replies, pad_id)
     device = next(model.parameters()).device
     with torch.enable_grad() if with_grad else torch.no_grad():
         values = model(input_ids=ids.to(device), attention_mask=mask.to(device))  # [B, W]

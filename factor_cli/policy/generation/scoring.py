@@ -30,6 +30,21 @@ class Scores:
     """Per reply, the next-token logits at each reply position, [G_i, V]."""
 
 
+def right_padded(
+    prompts: Sequence[Sequence[int]], replies: Sequence[Sequence[int]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input ids, attention mask) [B, W] of ``prompts[i] + replies[i]``, right-padded with
+    ``pad_id``: the one layout of every teacher-forced forward (scores, critic values)."""
+    seqs = [list(p) + list(r) for p, r in zip(prompts, replies)]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+    return ids, mask
+
+
 def score_replies(
     model: torch.nn.Module,
     prompts: Sequence[Sequence[int]],
@@ -41,13 +56,7 @@ def score_replies(
     return_logits: bool = False,
 ) -> Scores:
     """Teacher-forced log-probs of ``replies[i]`` after ``prompts[i]``, one right-padded forward."""
-    seqs = [list(p) + list(r) for p, r in zip(prompts, replies)]
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-        mask[i, : len(s)] = 1
+    ids, mask = right_padded(prompts, replies, pad_id)
     device = next(model.parameters()).device
     ctx = torch.enable_grad() if with_grad else torch.no_grad()
     with ctx:
