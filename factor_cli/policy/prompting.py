@@ -1,14 +1,18 @@
 """Prompts, the hindsight teacher's context, action extraction and token masks.
 
-Student prompt for action t (the context x_t):
+Student prompt for action t (the context x_t), the content of the verl-agent templates that
+the paper's baselines (GiGPO, SERL) use:
 
-    system:  the environment's instructions (reply with one action inside <action>...</action>)
+    system:  the environment's role and the reply convention (one action inside
+             <action>...</action>; with ``think``, reasoning inside <think>...</think> first)
     user:    Task: <task description>
-             [Earlier turns: the last ``history_turns`` (action, observation) pairs]
+             [Step t + 1. Actions so far: t.]                                  (``step_counter``)
+             [The last H (action, observation) pairs]                          (``history_turns``)
              Current observation: <observation before action t>
+             [Admissible actions: [a_1, a_2, ...]]    (``admissible``, capped in count and tokens)
 
 The hindsight teacher (same weights, no gradient) sees the identical prompt with one block
-inserted after the current observation, before the reply:
+appended after it, before the reply:
 
              Outcome of your next action (hindsight): <Phi_t>
 
@@ -24,27 +28,50 @@ line of the reply. Reply tokens whose characters overlap that span are action to
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 ACTION_OPEN, ACTION_CLOSE = "<action>", "</action>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _TAGGED = re.compile(re.escape(ACTION_OPEN) + r"(.*?)" + re.escape(ACTION_CLOSE), re.DOTALL)
 FEEDBACK_HEADER = "Outcome of your next action (hindsight): "
+ADMISSIBLE_HEADER = "Admissible actions"
+
+ROLE = "You are an agent acting in a text environment."
+"""The first sentence of the system text when an environment names no role of its own."""
+ADMISSIBLE_MAX = 50
+"""Admissible actions shown at most (the first ones, in the engine's order)."""
+ADMISSIBLE_MAX_TOKENS = 384
+"""Tokens the admissible-action list may take at most (it is cut at a whole action)."""
+
+
+def system_text(role: str, think: bool) -> str:
+    """The system message: the role, then the reply convention."""
+    if think:
+        rule = (
+            f"Think step by step inside {THINK_OPEN}...{THINK_CLOSE}, then reply with exactly "
+            f"one action inside {ACTION_OPEN}...{ACTION_CLOSE}."
+        )
+    else:
+        rule = f"Reply with exactly one action inside {ACTION_OPEN}...{ACTION_CLOSE}."
+    return f"{role.strip()} Read the task and the observation. {rule}"
 
 
 @dataclass(frozen=True)
 class PromptFormat:
-    """How an environment's turns are shown to the policy."""
+    """How an environment's turns are shown to the policy (``prompt.*`` in the config)."""
 
-    system: str = (
-        "You are an agent acting in a text environment. Read the task and the observation, "
-        "then reply with exactly one action inside <action>...</action>."
-    )
+    system: str = field(default_factory=lambda: system_text(ROLE, think=False))
     history_turns: int = 2
     """Past (action, observation) pairs shown before the current observation."""
+    step_counter: bool = True
+    """Show "Step t + 1. Actions so far: t." (how far into the episode the agent is)."""
+    admissible: bool = False
+    """Show the admissible actions of the current state (the verl-agent convention)."""
+    admissible_max: int = ADMISSIBLE_MAX
+    admissible_max_tokens: int = ADMISSIBLE_MAX_TOKENS
     use_chat_template: bool = True
     """Use the tokenizer's chat template when it has one."""
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -53,8 +80,29 @@ class TurnView:
 
     task: str
     history: Sequence[tuple[str, str]]
-    """Earlier (action, observation-after-it) pairs of this episode, oldest first."""
+    """Earlier (action, observation-after-it) pairs of this episode (prefix included), oldest
+    first; its length is the number of actions taken so far."""
     observation: str
+    admissible: Sequence[str] = ()
+    """The admissible actions shown (already capped: :func:`shown_admissible`)."""
+
+
+def shown_admissible(
+    fmt: PromptFormat, actions: Sequence[str], count_tokens: Callable[[str], int]
+) -> tuple[str, ...]:
+    """The admissible actions a prompt shows: the first ones, at most ``admissible_max`` of them
+    and ``admissible_max_tokens`` tokens in all (each counted with its ", " separator); none when
+    ``admissible`` is off."""
+    if not fmt.admissible:
+        return ()
+    shown: list[str] = []
+    used = 0
+    for a in actions[: fmt.admissible_max]:
+        used += count_tokens(a) + 1
+        if used > fmt.admissible_max_tokens:
+            break
+        shown.append(a)
+    return tuple(shown)
 
 
 def user_message(
@@ -62,11 +110,15 @@ def user_message(
 ) -> str:
     keep = fmt.history_turns if history_turns is None else history_turns
     parts = [f"Task: {view.task.strip()}"]
+    if fmt.step_counter:
+        parts.append(f"Step {len(view.history) + 1}. Actions so far: {len(view.history)}.")
     past = list(view.history)[-keep:] if keep > 0 else []
     if past:
         lines = [f"> {a}\n{o.strip()}" for a, o in past]
         parts.append("Earlier turns:\n" + "\n".join(lines))
     parts.append(f"Current observation: {view.observation.strip()}")
+    if view.admissible:
+        parts.append(f"{ADMISSIBLE_HEADER}: [{', '.join(view.admissible)}]")
     if feedback is not None:
         parts.append(FEEDBACK_HEADER + feedback.strip())
     return "\n\n".join(parts)

@@ -27,6 +27,7 @@ from factor_cli.policy.prompting import (
     action_token_mask,
     extract_action,
     render,
+    shown_admissible,
     token_char_spans,
 )
 
@@ -48,6 +49,11 @@ class Turn:
     valid: bool
     tagged: bool
     prompt_truncated: bool = False
+    admissible: list[str] = field(default_factory=list)
+    """The admissible actions the prompt showed (the teacher's prompt shows the same)."""
+    allowed_ids: list[list[int]] | None = None
+    """Under valid-action decoding, the token ids allowed at each reply position (the
+    constrained distribution renormalises over them); None when decoding was free."""
 
 
 @dataclass
@@ -140,9 +146,13 @@ class RolloutRunner:
         fmt: PromptFormat,
         max_turns: int,
         shard: Shard | None = None,
+        constrain: bool = False,
     ) -> None:
+        """``constrain``: decode each reply as one of the current admissible actions
+        (valid-action decoding, :meth:`GenerationBackend.generate`'s ``allowed``)."""
         self.pool, self.generator, self.fmt, self.max_turns = pool, generator, fmt, max_turns
         self.shard = shard
+        self.constrain = constrain
         self.tokenizer = generator.tokenizer
         self.env_steps = 0
         self.replay_steps = 0
@@ -249,20 +259,35 @@ class RolloutRunner:
             active = [i for i, ep in enumerate(eps) if not ep.done]
             if not active:
                 break
+            admissible = [self._admissible(i) for i in active]
             views = [
-                TurnView(eps[i].task, eps[i].history(), eps[i].observations[-1]) for i in active
+                TurnView(eps[i].task, eps[i].history(), eps[i].observations[-1], shown)
+                for i, (shown, _) in zip(active, admissible)
             ]
             prompts = [render(self.fmt, v, self.tokenizer) for v in views]
             seeds = [reply_seed(seed, keys[i], len(eps[i].turns)) for i in active]
+            allowed = [every for _, every in admissible] if self.constrain else None
             gens = self.generator.generate(
-                prompts, temperature=temperature, greedy=greedy, seeds=seeds
+                prompts, temperature=temperature, greedy=greedy, seeds=seeds, allowed=allowed
             )
-            for i, gen in zip(active, gens):
-                self._advance(i, eps[i], gen)
+            for i, gen, (shown, _) in zip(active, gens, admissible):
+                self._advance(i, eps[i], gen, list(shown))
             turn += 1
             on_turn(sum(ep.done for ep in eps))
 
-    def _advance(self, slot: int, ep: Episode, g: Generation) -> None:
+    def _admissible(self, slot: int) -> tuple[tuple[str, ...], list[str] | None]:
+        """(the admissible actions the prompt shows, all of them when decoding is constrained
+        to them, else None); the environment is asked only when either needs them."""
+        if not (self.fmt.admissible or self.constrain):
+            return (), None
+        every = self.pool[slot].valid_actions()
+        shown = shown_admissible(self.fmt, every, self._count_tokens)
+        return shown, (every or None) if self.constrain else None
+
+    def _count_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _advance(self, slot: int, ep: Episode, g: Generation, admissible: list[str]) -> None:
         # Offsets and the action both come from the decode that keeps special tokens, so the
         # character span and the token spans refer to the same string.
         text, spans = token_char_spans(self.tokenizer, g.token_ids)
@@ -292,6 +317,8 @@ class RolloutRunner:
                 valid=step.valid,
                 tagged=span.tagged,
                 prompt_truncated=g.prompt_truncated,
+                admissible=admissible,
+                allowed_ids=g.allowed_ids,
             )
         )
         limit = ep.start.max_turns or self.max_turns

@@ -30,8 +30,8 @@ def turn_views(episode: Episode) -> list[TurnView]:
     hist = episode.history()
     offset = len(episode.start.prefix_actions)
     return [
-        TurnView(episode.task, hist[: offset + t], episode.observations[offset + t])
-        for t in range(len(episode.turns))
+        TurnView(episode.task, hist[: offset + t], episode.observations[offset + t], tn.admissible)
+        for t, tn in enumerate(episode.turns)
     ]
 
 

@@ -74,9 +74,22 @@ def ensure_model(cfg: TrainConfig) -> str:
 
 
 @dataclass
+class StepRecord:
+    """What one step played and computed, for its transcripts: the root episodes (in packing
+    order), the packed batch, the method's credit, and V_target(x_t) per action (None when the
+    method has no value head)."""
+
+    roots: list[Episode]
+    batch: RolloutBatch
+    credit: CreditAssignment
+    values: torch.Tensor | None
+
+
+@dataclass
 class StepResult:
     step: int
     metrics: dict[str, float] = field(default_factory=dict)
+    record: StepRecord | None = None
 
 
 class Trainer:
@@ -369,7 +382,9 @@ class Trainer:
         if gap is not None:  # vLLM log-probs were re-scored by the trainer model: report the gap
             metrics["vllm_logprob_gap"] = float(gap)
         return StepResult(
-            k, {m: v for m, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))}
+            k,
+            {m: v for m, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))},
+            StepRecord(roots, rb, credit, self._values),
         )
 
     # -- checkpoints ------------------------------------------------------------------------

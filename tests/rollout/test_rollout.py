@@ -111,7 +111,7 @@ class ScriptedGenerator:
     def tokenizer(self):
         return self.inner.tokenizer
 
-    def generate(self, prompts, temperature=1.0, greedy=False, seed=None, seeds=None):
+    def generate(self, prompts, temperature=1.0, greedy=False, seed=None, seeds=None, allowed=None):
         encoded = self.inner.encode(prompts)
         outs = []
         for (ids, cut), prompt in zip(encoded, prompts):

@@ -86,6 +86,9 @@ class Generation:
     finished: bool
     """Stopped by a stop token (False: cut at max_new_tokens)."""
     prompt_truncated: bool = False
+    allowed_ids: list[list[int]] | None = None
+    """Under valid-action decoding (``allowed``), the token ids that were allowed at each
+    generated position; the log-probs are renormalised over them. None: free decoding."""
 
 
 def truncate_middle(ids: list[int], budget: int) -> tuple[list[int], bool]:
@@ -170,8 +173,14 @@ class GenerationBackend(Protocol):
         greedy: bool = False,
         seed: int | None = None,
         seeds: Sequence[int] | None = None,
+        allowed: Sequence[Sequence[str] | None] | None = None,
     ) -> list[Generation]:
         """Sample (or greedily decode) one reply per prompt.
+
+        ``allowed`` (valid-action decoding): reply i must be ``<action>a</action>`` for one of
+        the actions ``allowed[i]`` (free when ``allowed[i]`` is None or empty); its log-probs
+        are those of the constrained distribution, softmax renormalised over the tokens the
+        action trie allows at each position, and :attr:`Generation.allowed_ids` records them.
 
         Seeds (:func:`request_seeds`): reply i draws from its own random stream, seeded with
         ``seeds[i]`` when given, else with ``seed + i``; so what reply i draws depends only on

@@ -68,12 +68,15 @@ class HFGenerator(TokenizedBackend):
         greedy: bool = False,
         seed: int | None = None,
         seeds: Sequence[int] | None = None,
+        allowed: Sequence[Sequence[str] | None] | None = None,
     ) -> list[Generation]:
         """Sample (or greedily decode) one reply per prompt; seeds as
         :meth:`GenerationBackend.generate` says: reply i's stream is seeded by ``seeds[i]``, else
         ``seed + i`` (:class:`RowSeededSampler`); with neither, HF samples from torch's global
         generator."""
         check_temperature(temperature, greedy)
+        if allowed is not None and any(allowed):
+            raise NotImplementedError("valid-action decoding is not implemented yet")
         rows = request_seeds(len(prompts), seed, seeds)
         encoded = self.encode(prompts)
         size = self.batch_size

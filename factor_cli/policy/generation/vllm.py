@@ -280,11 +280,14 @@ class VLLMGenerator(TokenizedBackend):
         greedy: bool = False,
         seed: int | None = None,
         seeds: Sequence[int] | None = None,
+        allowed: Sequence[Sequence[str] | None] | None = None,
     ) -> list[Generation]:
         """Sample (or greedily decode) one reply per prompt; seeds as
         :meth:`GenerationBackend.generate` says: request i is seeded with ``seeds[i]``, else
         ``seed + i`` (vLLM's per-request generator); with neither, the engine's own stream."""
         check_temperature(temperature, greedy)
+        if allowed is not None and any(allowed):
+            raise NotImplementedError("valid-action decoding is not implemented yet")
         rows = request_seeds(len(prompts), seed, seeds)
         if not prompts:
             return []
