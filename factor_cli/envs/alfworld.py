@@ -202,6 +202,8 @@ class AlfWorldEnv(Environment):
         max_turns=50,
         invalid_action="no-op: the engine replies 'Nothing happens.'; counted invalid",
         instance_format="{game folder relative to the data root}",
+        role="You are an expert agent operating in the ALFRED embodied household environment.",
+        shows_admissible=True,  # verl-agent's ALFWorld template lists them (about 10-40)
     )
 
     def __init__(self, data_root: str | Path | None = None, max_turns: int | None = None) -> None:

@@ -52,6 +52,10 @@ class EnvSpec:
     """How an invalid action is handled (e.g. 'no-op with an error message, counted')."""
     instance_format: str
     """How instance ids are written, e.g. '{task}/{level}/{variation}'."""
+    role: str = ""
+    """The system text's first sentence: who the agent is (``prompt.system`` replaces it all)."""
+    shows_admissible: bool = False
+    """Default of ``prompt.admissible``: whether prompts list the admissible actions."""
 
 
 @dataclass(frozen=True)

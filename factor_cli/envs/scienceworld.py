@@ -58,6 +58,10 @@ class ScienceWorldEnv(Environment):
         max_turns=50,
         invalid_action="no-op: 'No known action matches that input.'; counted invalid",
         instance_format="{task}/{L0|L1|L2}/{variation}",
+        role="You are an expert agent doing science experiments in the ScienceWorld simulator.",
+        # Off: the list is every object x verb combination, thousands long (the capped prefix
+        # would show the engine's first few dozen, not the useful ones).
+        shows_admissible=False,
     )
 
     def __init__(self, max_turns: int | None = None) -> None:

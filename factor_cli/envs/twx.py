@@ -83,6 +83,8 @@ class TextWorldExpressEnv(Environment):
         max_turns=50,
         invalid_action="no-op: the game answers that it does not understand; counted invalid",
         instance_format="{game}/{seed}",
+        role="You are an expert agent playing a TextWorld Express game.",
+        shows_admissible=True,  # a few to a few dozen actions
     )
 
     def __init__(

@@ -264,6 +264,8 @@ class WebShopEnv(Environment):
         max_turns=15,
         invalid_action="not executed (the page stays); counted; -0.1 each on the outcome",
         instance_format="{goal index}",
+        role="You are an expert autonomous agent shopping in the WebShop online store.",
+        shows_admissible=True,  # verl-agent's WebShop template lists search[...] / click[...]
     )
 
     def __init__(

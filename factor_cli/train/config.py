@@ -129,8 +129,13 @@ class RolloutConfig(Strict):
     max_context: int = Field(
         DEFAULT_MAX_CONTEXT, ge=16, description="Context limit (prompt + reply)."
     )
-    history_turns: int = Field(2, ge=0, description="Past turns shown in each prompt.")
     backend: str = Field("hf", description="Generation backend: hf or vllm.")
+    valid_action_decoding: bool = Field(
+        False,
+        description="Constrain every reply to one of the current admissible actions (a token "
+        "trie; log-probs under the constrained distribution). It changes the task: runs are "
+        "tagged decoding=constrained.",
+    )
 
     @field_validator("backend")
     @classmethod
@@ -151,6 +156,50 @@ class RolloutConfig(Strict):
                 f"{exc}; lower rollout.max_new_tokens or raise rollout.max_context",
             ) from None
         return self
+
+
+class PromptConfig(Strict):
+    """How turns are shown to the policy; unset fields take the environment's defaults
+    (:class:`~factor_cli.envs.base.EnvSpec` ``role``, ``shows_admissible``), then
+    :class:`~factor_cli.policy.prompting.PromptFormat`'s."""
+
+    history_turns: int | None = Field(
+        None, ge=0, description="Past (action, observation) pairs shown (default 2)."
+    )
+    step_counter: bool | None = Field(
+        None, description="Show the step number and the actions taken so far (default on)."
+    )
+    admissible: bool | None = Field(
+        None,
+        description="List the admissible actions of the current state (default: the env's; "
+        "on for twx, alfworld, webshop; off for scienceworld, whose list is thousands long).",
+    )
+    admissible_max: int | None = Field(
+        None, ge=1, description="Admissible actions listed at most (default 50)."
+    )
+    admissible_max_tokens: int | None = Field(
+        None, ge=1, description="Tokens the admissible list may take at most (default 384)."
+    )
+    think: bool = Field(
+        False, description="Invite reasoning inside <think>...</think> before the <action>."
+    )
+    system: str | None = Field(
+        None, description="The whole system text (default: the env's role + the reply rule)."
+    )
+
+    @field_validator("system")
+    @classmethod
+    def _system(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("an empty system text; unset prompt.system for the default")
+        return v
+
+
+class TranscriptConfig(Strict):
+    episodes_per_step: int = Field(
+        4, ge=0, description="Root episodes of each step written to the run's transcripts."
+    )
+    eval: bool = Field(True, description="Also write every evaluation episode.")
 
 
 class ContinuationConfig(Strict):
@@ -217,6 +266,9 @@ class EngineConfig(Strict):
 
 class EvalConfig(Strict):
     every: int = Field(0, ge=0, description="Evaluate every N steps (0: only at the end).")
+    start: bool = Field(
+        True, description="Also evaluate the starting policy (after SFT) on the same items."
+    )
     max_items: int | None = Field(None, ge=1, description="Cap on eval instances (None: all).")
 
 
@@ -242,6 +294,7 @@ class TrainConfig(Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
     continuations: ContinuationConfig = Field(default_factory=ContinuationConfig)
     value: ValueConfig = Field(default_factory=ValueConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
@@ -249,6 +302,7 @@ class TrainConfig(Strict):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     credit: CreditConfig = Field(default_factory=CreditConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    transcripts: TranscriptConfig = Field(default_factory=TranscriptConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
 
     @model_validator(mode="after")

@@ -8,11 +8,11 @@ import pandas as pd
 
 from factor_cli.envs.pool import EnvPool
 from factor_cli.policy.generation.base import GenerationBackend
-from factor_cli.policy.prompting import PromptFormat
 from factor_cli.rollout.runner import RolloutRunner, Shard, Start
 
 from .config import TrainConfig
 from .data import instances
+from .prompts import prompt_format
 
 
 def evaluate(
@@ -30,11 +30,16 @@ def evaluate(
     items = instances(cfg, split)
     if cfg.eval.max_items is not None:
         items = items[: cfg.eval.max_items]
-    fmt = PromptFormat(history_turns=cfg.rollout.history_turns)
+    fmt = prompt_format(cfg)
     width = min(-(-len(items) // (shard.world if shard else 1)), 64)
     with EnvPool(cfg.env.name, width, **cfg.env.options) as pool:
         runner = RolloutRunner(
-            pool, generator, fmt, max_turns=cfg.env.max_turns or pool[0].max_turns, shard=shard
+            pool,
+            generator,
+            fmt,
+            max_turns=cfg.env.max_turns or pool[0].max_turns,
+            shard=shard,
+            constrain=cfg.rollout.valid_action_decoding,
         )
         eps = runner.run(
             [Start(i.instance_id) for i in items], greedy=True, seed=cfg.seed, on_turn=on_turn

@@ -27,6 +27,7 @@ from . import checkpoint
 from .config import TrainConfig
 from .distributed import Ranks, init_distributed
 from .evaluate import evaluate, metric
+from .prompts import prompt_format
 from .sft import (
     TAG_DATA,
     gold_examples,
@@ -74,12 +75,10 @@ def _build_warm_start(cfg: TrainConfig, base: str, out: Path, progress: Progress
     """SFT ``base`` on the config's gold plays into ``out`` (called under its build lock)."""
     t0 = time.perf_counter()
     policy = load_policy(base, cfg.model.dtype, cfg.model.device)
-    from factor_cli.policy.prompting import PromptFormat
-
     examples = gold_examples(
         cfg,
         policy.tokenizer,
-        PromptFormat(history_turns=cfg.rollout.history_turns),
+        prompt_format(cfg),
         lambda i, n: progress("gold plays", i, n),
     )
     pad = policy.tokenizer.pad_token_id or 0
@@ -195,6 +194,7 @@ def _open_ledger_run(
             "temperature": cfg.rollout.temperature,
             "budget": f"{cfg.continuations.budget}x{cfg.continuations.per_checkpoint}",
             "world_size": ranks.world,
+            "decoding": "constrained" if cfg.rollout.valid_action_decoding else "free",
             **start_tags(cfg, model_path),
             **extra_tags,
         },

@@ -33,6 +33,7 @@ algorithms (not checked here).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -45,10 +46,18 @@ import torch
 
 from factor_cli.envs import EnvError, Environment, make_env
 from factor_cli.policy.generation import score_replies, truncate_middle
-from factor_cli.policy.prompting import ACTION_CLOSE, ACTION_OPEN, PromptFormat, TurnView, render
+from factor_cli.policy.prompting import (
+    ACTION_CLOSE,
+    ACTION_OPEN,
+    PromptFormat,
+    TurnView,
+    render,
+    shown_admissible,
+)
 
 from .config import TrainConfig
 from .data import instances
+from .prompts import prompt_format
 
 Example = tuple[list[int], list[int]]
 """(prompt token ids, reply token ids) of one gold step."""
@@ -106,7 +115,10 @@ def _play_gold(
     history: list[tuple[str, str]] = []
     out: list[Example] = []
     for action in gold:
-        text = render(fmt, TurnView(task, history, obs), tokenizer)
+        shown = shown_admissible(
+            fmt, env.valid_actions(), lambda a: len(tokenizer.encode(a, add_special_tokens=False))
+        )
+        text = render(fmt, TurnView(task, history, obs, shown), tokenizer)
         prompt, _ = truncate_middle(tokenizer.encode(text, add_special_tokens=False), budget)
         reply = tokenizer.encode(f"{ACTION_OPEN}{action}{ACTION_CLOSE}", add_special_tokens=False)
         out.append((prompt, reply))
@@ -195,7 +207,7 @@ def sft_output_dir(cfg: TrainConfig) -> Path:
             cfg.env.model_dump(),
             cfg.sft.model_dump(),
             cfg.seed,
-            cfg.rollout.history_turns,
+            dataclasses.asdict(prompt_format(cfg)),
             f"gold-v{GOLD_VERSION}",
         ],
         sort_keys=True,

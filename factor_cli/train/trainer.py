@@ -31,7 +31,6 @@ from factor_cli.credit import (
 from factor_cli.envs.pool import EnvPool
 from factor_cli.policy.generation.backends import BACKENDS
 from factor_cli.policy.model import Policy, init_tiny, load_policy
-from factor_cli.policy.prompting import PromptFormat
 from factor_cli.policy.value_head import (
     TargetValueHead,
     ValueHead,
@@ -51,6 +50,7 @@ from .critic import CriticEngine, build_critic
 from .data import instances, sample_groups
 from .distributed import Ranks
 from .engine import Engine, Engines
+from .prompts import prompt_format
 from .streams import stream_generator, stream_seed
 from .update import UpdateStats, ppo_update
 
@@ -131,7 +131,7 @@ class Trainer:
             max_context=cfg.rollout.max_context,
         )
         self.pad_id = self.generator.pad_id
-        self.fmt = PromptFormat(history_turns=cfg.rollout.history_turns)
+        self.fmt = prompt_format(cfg)
         hidden = int(self.policy.model.config.hidden_size)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed + 1)
@@ -146,7 +146,12 @@ class Trainer:
         self.pool = EnvPool(cfg.env.name, size, **cfg.env.options)
         self.max_turns = cfg.env.max_turns or self.pool[0].max_turns
         self.runner = RolloutRunner(
-            self.pool, self.generator, self.fmt, self.max_turns, shard=self.shard
+            self.pool,
+            self.generator,
+            self.fmt,
+            self.max_turns,
+            shard=self.shard,
+            constrain=cfg.rollout.valid_action_decoding,
         )
         self.step = 0
         self._values: torch.Tensor | None = None
