@@ -137,6 +137,15 @@ class RolloutConfig(Strict):
         "tagged decoding=constrained.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "history_turns" in data:
+            raise FieldError(
+                "history_turns", "moved: set prompt.history_turns (the prompt.* section)"
+            )
+        return data
+
     @field_validator("backend")
     @classmethod
     def _backend(cls, v: str) -> str:

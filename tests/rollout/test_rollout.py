@@ -25,7 +25,7 @@ from factor_cli.rollout.teacher import teacher_logprobs, teacher_prompt_texts, t
 
 twx_missing = availability("twx")
 pytestmark = pytest.mark.skipif(twx_missing is not None, reason=f"twx: {twx_missing}")
-FMT = PromptFormat()
+FMT = PromptFormat(admissible=True)  # the twx default: prompts list the admissible actions
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +228,10 @@ def test_roots_record_turns_and_restore_reproduces(roots) -> None:
     assert env.normalize(obs) == env.normalize(ep.observations[t])
     for turn, view in zip(ep.turns, turn_views(ep)):
         assert view.observation == turn.observation
+        assert list(view.admissible) == turn.admissible
+    # A turn records the admissible actions of its state (coin's lists are under the caps).
+    assert env.valid_actions() == ep.turns[t].admissible
+    assert all(e.turns[0].admissible for e in eps)
 
 
 def test_teacher_differs_only_by_feedback(policy, gen: HFGenerator, roots) -> None:
@@ -239,6 +243,7 @@ def test_teacher_differs_only_by_feedback(policy, gen: HFGenerator, roots) -> No
         for view, turn in zip(turn_views(ep), ep.turns):
             student = render(FMT, view, tok)
             assert gen.encode([student])[0][0] == turn.prompt_ids
+            assert f"Admissible actions: [{', '.join(turn.admissible)}]" in student
             block = "\n\n" + FEEDBACK_HEADER + turn.feedback.strip()
             assert block in teacher_texts[k]
             assert teacher_texts[k].replace(block, "", 1) == student
