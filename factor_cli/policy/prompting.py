@@ -7,7 +7,7 @@ the paper's baselines (GiGPO, SERL) use:
              <action>...</action>; with ``think``, reasoning inside <think>...</think> first)
     user:    Task: <task description>
              [Step t + 1. Actions so far: t.]                                  (``step_counter``)
-             [The last H (action, observation) pairs]                          (``history_turns``)
+             [The last H (observation, action) pairs]                          (``history_turns``)
              Current observation: <observation before action t>
              [Admissible actions: [a_1, a_2, ...]]    (``admissible``, capped in count and tokens)
 
@@ -85,6 +85,12 @@ class TurnView:
     observation: str
     admissible: Sequence[str] = ()
     """The admissible actions shown (already capped: :func:`shown_admissible`)."""
+    first_observation: str | None = None
+    """o_0, the observation before the first action (shown when that action is in the window)."""
+
+    def before(self, k: int) -> str | None:
+        """The observation before action k: o_0 for k = 0, else the reply to action k - 1."""
+        return self.first_observation if k == 0 else self.history[k - 1][1]
 
 
 def shown_admissible(
@@ -112,10 +118,14 @@ def user_message(
     parts = [f"Task: {view.task.strip()}"]
     if fmt.step_counter:
         parts.append(f"Step {len(view.history) + 1}. Actions so far: {len(view.history)}.")
-    past = list(view.history)[-keep:] if keep > 0 else []
-    if past:
-        lines = [f"> {a}\n{o.strip()}" for a, o in past]
-        parts.append("Earlier turns:\n" + "\n".join(lines))
+    n = len(view.history)
+    if keep > 0 and n:
+        lines = []
+        for k in range(max(0, n - keep), n):
+            seen = view.before(k)
+            seen_text = f"Observation: {seen.strip()}\n" if seen else ""
+            lines.append(f"[Step {k + 1}] {seen_text}Action: {view.history[k][0]}")
+        parts.append(f"Earlier turns (the last {min(keep, n)} of {n}):\n" + "\n".join(lines))
     parts.append(f"Current observation: {view.observation.strip()}")
     if view.admissible:
         parts.append(f"{ADMISSIBLE_HEADER}: [{', '.join(view.admissible)}]")

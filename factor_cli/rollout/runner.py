@@ -261,7 +261,13 @@ class RolloutRunner:
                 break
             admissible = [self._admissible(i) for i in active]
             views = [
-                TurnView(eps[i].task, eps[i].history(), eps[i].observations[-1], shown)
+                TurnView(
+                    eps[i].task,
+                    eps[i].history(),
+                    eps[i].observations[-1],
+                    shown,
+                    eps[i].observations[0],
+                )
                 for i, (shown, _) in zip(active, admissible)
             ]
             prompts = [render(self.fmt, v, self.tokenizer) for v in views]

@@ -6,6 +6,12 @@ realised reply tokens of recorded episodes with no gradient:
 The teacher prompt is the student prompt of turn t with the feedback block inserted before the
 reply (see ``policy.prompting``); the hindsight gap is Delta_{t,j} = log pi_T - log pi_old.
 It lives beside the rollout runner because it reads :class:`~.runner.Episode` records.
+
+Under valid-action decoding a turn records the allowed token sets its reply was sampled under
+(``Turn.allowed_ids``), and the teacher is renormalised over the same sets: pi_T is the
+teacher's distribution constrained to the same admissible actions, so Delta compares like with
+like (a forced token has log pi_T = log pi_old = 0 and Delta = 0, instead of a gap that only
+says the free teacher would not have forced it).
 """
 
 from __future__ import annotations
@@ -30,7 +36,13 @@ def turn_views(episode: Episode) -> list[TurnView]:
     hist = episode.history()
     offset = len(episode.start.prefix_actions)
     return [
-        TurnView(episode.task, hist[: offset + t], episode.observations[offset + t], tn.admissible)
+        TurnView(
+            episode.task,
+            hist[: offset + t],
+            episode.observations[offset + t],
+            tn.admissible,
+            episode.observations[0],
+        )
         for t, tn in enumerate(episode.turns)
     ]
 
@@ -63,6 +75,7 @@ def teacher_logprobs(
     """
     texts = teacher_prompt_texts(fmt, tokenizer, episodes)
     replies = [t.reply_ids for ep in episodes for t in ep.turns]
+    allowed = [t.allowed_ids for ep in episodes for t in ep.turns]
     prompts = [ids for ids, _ in encode(texts)]
     pad = getattr(tokenizer, "pad_token_id", None) or 0
     out: list[list[float]] = []
@@ -73,6 +86,7 @@ def teacher_logprobs(
             replies[lo : lo + batch_size],
             temperature=temperature,
             pad_id=int(pad),
+            allowed=allowed[lo : lo + batch_size],
         )
         out += [lp.tolist() for lp in sc.logprobs]
     return out

@@ -62,9 +62,10 @@ from .prompts import prompt_format
 Example = tuple[list[int], list[int]]
 """(prompt token ids, reply token ids) of one gold step."""
 WARM_START_FILE = "warm_start.json"
-GOLD_VERSION = 2
-"""Bumped when gold plays change (2: deterministic TWX coin/twc plans), so a warm start cached
-under the old plays is not reused for a config that now means other data."""
+GOLD_VERSION = 3
+"""Bumped when gold plays or their prompt layout change (2: deterministic TWX coin/twc plans;
+3: prompts with the step counter, (observation, action) history and admissible actions), so a
+warm start cached under the old data is not reused for a config that now means other data."""
 GOLD_MAX_TURNS = 1000
 """Turn limit of the gold plays: a plan is played to its win, not cut at an RL horizon
 (ScienceWorld's grow-fruit gold takes 63 actions; the adapters' default limit is 50)."""
@@ -110,7 +111,7 @@ def _play_gold(
     budget: int,
 ) -> list[Example]:
     """The examples of one gold play, which must win (EnvError naming the instance if not)."""
-    obs = env.reset(instance_id)
+    obs = first = env.reset(instance_id)
     task = env.task_description()
     history: list[tuple[str, str]] = []
     out: list[Example] = []
@@ -118,7 +119,7 @@ def _play_gold(
         shown = shown_admissible(
             fmt, env.valid_actions(), lambda a: len(tokenizer.encode(a, add_special_tokens=False))
         )
-        text = render(fmt, TurnView(task, history, obs, shown), tokenizer)
+        text = render(fmt, TurnView(task, history, obs, shown, first), tokenizer)
         prompt, _ = truncate_middle(tokenizer.encode(text, add_special_tokens=False), budget)
         reply = tokenizer.encode(f"{ACTION_OPEN}{action}{ACTION_CLOSE}", add_special_tokens=False)
         out.append((prompt, reply))

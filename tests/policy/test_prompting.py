@@ -56,12 +56,22 @@ def test_user_message_layout() -> None:
         [("move east", "You are in the pantry."), ("look", "A coin.")],
         "A coin.",
         ("take coin", "move west"),
+        "You are in the kitchen.",
     )
     text = user_message(PromptFormat(history_turns=1), view)
     parts = text.split("\n\n")
     assert parts[0] == "Task: find the coin"
     assert parts[1] == "Step 3. Actions so far: 2."
-    assert parts[2] == "Earlier turns:\n> look\nA coin."  # only the last history_turns pairs
+    # The last history_turns (observation, action) pairs; the current observation once.
+    assert parts[2] == (
+        "Earlier turns (the last 1 of 2):\n[Step 2] Observation: You are in the pantry.\n"
+        "Action: look"
+    )
+    both = user_message(PromptFormat(history_turns=5), view).split("\n\n")[2]
+    assert both == (
+        "Earlier turns (the last 2 of 2):\n[Step 1] Observation: You are in the kitchen.\n"
+        "Action: move east\n[Step 2] Observation: You are in the pantry.\nAction: look"
+    )
     assert parts[3] == "Current observation: A coin."
     assert parts[4] == f"{ADMISSIBLE_HEADER}: [take coin, move west]"
     quiet = user_message(PromptFormat(history_turns=0, step_counter=False), view)
