@@ -19,6 +19,7 @@ from factor_cli.train.config import ConfigError, TrainConfig, field_reference, l
 from .common import EXIT_INTERRUPTED, console, err_console, fail, first_line
 
 if TYPE_CHECKING:
+    from factor_cli.train.evaluate import Comparison
     from factor_cli.train.run import EvalSummary
 
 CONFIG_HELP = "Preset name (smoke, paper) or a YAML file."
@@ -161,15 +162,33 @@ def train_cmd(
     for key in keys:
         if key in summary.metrics:
             table.add_row(key, f"{summary.metrics[key]:.4f}")
+    cmp = summary.comparison
+    if cmp is not None:
+        table.add_row("eval macro success, start", f"{cmp.start:.4f}")
     if summary.eval_metric is not None:
-        table.add_row("eval macro success", f"{summary.eval_metric:.4f}")
+        table.add_row(
+            "eval macro success" + (", final" if cmp else ""), f"{summary.eval_metric:.4f}"
+        )
     console.print(table)
+    if cmp is not None:
+        console.print(Text(_comparison_line(cmp)), soft_wrap=True)
     console.print(
         Text(
-            f"results: {summary.run_dir} (items: {summary.items_path}); "
-            f"ledger: `factor ledger report --study {cfg.study}`"
+            f"results: {summary.run_dir} (items: {summary.items_path}"
+            + (f"; plot: {summary.progress_path}" if summary.progress_path else "")
+            + f"); ledger: `factor ledger report --study {cfg.study}`; episodes: "
+            f"`factor ledger show {summary.run_id[:12]}` (--eval, --html PAGE.html)"
         ),
         soft_wrap=True,
+    )
+
+
+def _comparison_line(cmp: Comparison) -> str:
+    """The start -> final sentence: both macro successes and the paired CI of the change."""
+    return (
+        f"eval macro success {cmp.start:.4f} -> {cmp.final:.4f} on the same {cmp.items} items: "
+        f"change {cmp.delta:+.4f}, {cmp.confidence:.0%} CI [{cmp.ci_low:+.4f}, "
+        f"{cmp.ci_high:+.4f}] (paired bootstrap over items, {cmp.replicates} replicates)"
     )
 
 

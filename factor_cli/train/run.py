@@ -1,14 +1,32 @@
 """A whole training run: warm start, ledger run, steps with checkpoints, evaluation, summary.
 
-Run folder: ``<output_dir>/<ledger run id>/`` with ``checkpoints/`` (atomic, ``latest``),
-``metrics.jsonl`` (one line per step) and ``eval_items.csv`` (item-level results in the statistics
-schema). ``resume(run_id)`` continues the same ledger run from the newest checkpoint.
+Run folder ``<output_dir>/<ledger run id>/`` (rank 0 writes it; what is marked * also goes to
+the MLflow run's artifacts under the same name):
+
+    checkpoints/            atomic, ``latest`` names the newest
+    metrics.jsonl           one line per step
+    eval_items_start.csv *  the starting policy's item-level results (``eval.start``; artifact
+                            ``items/eval_items_start.csv``), read back on resume instead of
+                            evaluating again
+    eval_items.csv *        the final policy's, on the same items (artifact ``items/``)
+    evals.jsonl             one line per evaluation: step (0: the start), macro success
+    progress.png *          train return and eval success by step (refreshed at every eval)
+    transcripts/ *          sample episodes of every step and every eval episode
+                            (:mod:`factor_cli.ledger.transcripts`)
+
+At the end the final policy is compared with the starting one on the same items: the metrics
+``eval_metric_start`` (step 0), ``eval_metric``, and ``eval_metric_delta`` with its 95% paired
+bootstrap interval ``eval_metric_delta_ci_low`` / ``_ci_high``
+(:func:`factor_cli.train.evaluate.paired_comparison`). ``resume(run_id)`` continues the same
+ledger run from the newest checkpoint.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -18,15 +36,17 @@ from typing import Any
 
 import pandas as pd
 
-from factor_cli.atomic import atomic_target, build_lock
+from factor_cli.atomic import atomic_target, atomic_write_text, build_lock
 from factor_cli.ledger import check_store, start_run
 from factor_cli.ledger.runs import Heartbeat
+from factor_cli.ledger.transcripts import TRANSCRIPTS_DIR, file_name, to_jsonl
 from factor_cli.policy.model import load_policy
+from factor_cli.rollout.transcripts import eval_records, step_records
 
 from . import checkpoint
 from .config import TrainConfig
 from .distributed import Ranks, init_distributed
-from .evaluate import evaluate, metric
+from .evaluate import Comparison, Evaluation, evaluate, metric, paired_comparison, play_evaluation
 from .prompts import prompt_format
 from .sft import (
     TAG_DATA,
@@ -36,10 +56,15 @@ from .sft import (
     supervised_finetune,
     write_warm_start_record,
 )
-from .trainer import Trainer, ensure_model
+from .trainer import StepResult, Trainer, ensure_model
 
 Progress = Callable[[str, int, int], None]
 Log = Callable[[str], None]
+
+START_ITEMS = "eval_items_start.csv"
+EVALS_LOG = "evals.jsonl"
+PROGRESS_PNG = "progress.png"
+ITEM_COLUMNS = ["env", "method", "seed", "item_id", "category", "success", "score"]
 
 
 @dataclass
@@ -50,6 +75,9 @@ class RunSummary:
     metrics: dict[str, float]
     eval_metric: float | None
     items_path: Path | None
+    comparison: Comparison | None = None
+    """The final policy vs the starting one on the same items (``eval.start``; rank 0)."""
+    progress_path: Path | None = None
 
 
 def warm_start(cfg: TrainConfig, progress: Progress, log: Log) -> str:
@@ -103,6 +131,20 @@ def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
         fh.flush()
 
 
+def _last_per_step(path: Path) -> list[dict[str, Any]]:
+    """The records of an appended JSONL log, the last one of each step (a resumed run repeats
+    steps), by step; lines that do not parse (a torn write) are skipped."""
+    rows: dict[int, dict[str, Any]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            rows[int(row["step"])] = row
+    return [rows[k] for k in sorted(rows)]
+
+
 class _RankRun:
     """What a rank other than 0 holds instead of the ledger run: its id, and no writes."""
 
@@ -112,7 +154,10 @@ class _RankRun:
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         pass
 
-    def log_items(self, items: pd.DataFrame) -> None:
+    def log_items(self, items: pd.DataFrame, name: str = "eval_items.csv") -> None:
+        pass
+
+    def log_artifact(self, path: Path | str, artifact_path: str | None = None) -> None:
         pass
 
 
@@ -160,11 +205,17 @@ def train(
                 if last is not None:
                     trainer.load(last)
                     log(f"resumed {run.run_id} at step {trainer.step} from {last}")
+            start = _start_eval(cfg, trainer, run, run_dir, ranks, progress, log)
             metrics = _train_steps(cfg, trainer, run, run_dir, ranks, progress, stop_after)
             if trainer.step < cfg.total_steps:  # stopped early (stop_after)
                 return RunSummary(run.run_id, run_dir, trainer.step, metrics, None, None)
-            value, items_path = _finish(cfg, trainer, run, run_dir, ranks, progress)
-            return RunSummary(run.run_id, run_dir, trainer.step, metrics, value, items_path)
+            final, items_path = _finish(cfg, trainer, run, run_dir, ranks, progress)
+            comparison = _compare(cfg, start, final, trainer.step, run, ranks, log)
+            plot = _plot(cfg, run, run_dir) if ranks.main else None
+            value = metric(final)
+            return RunSummary(
+                run.run_id, run_dir, trainer.step, metrics, value, items_path, comparison, plot
+            )
         finally:
             trainer.close()
 
@@ -222,21 +273,159 @@ def _train_steps(
         run.log_metrics(metrics, step=result.step)
         if ranks.main:
             _append_jsonl(run_dir / "metrics.jsonl", {"step": result.step, **metrics})
+            _step_transcript(cfg, trainer, run, run_dir, result)
         progress("steps", result.step, total)
         if result.step % cfg.checkpoint_every == 0 or result.step == total:
             trainer.save(run_dir, run.run_id)
         if cfg.eval.every and result.step % cfg.eval.every == 0 and result.step < total:
-            items = evaluate(trainer.generator, cfg, cfg.method, shard=trainer.shard)
-            run.log_metrics({"eval_metric": metric(items)}, step=result.step)
+            ev = play_evaluation(trainer.generator, cfg, cfg.method, shard=trainer.shard)
+            _record_eval(cfg, trainer, run, run_dir, ranks, result.step, ev, "eval_metric")
+            if ranks.main:
+                _plot(cfg, run, run_dir)
         if stop_after is not None and result.step >= stop_after:
             break
     return metrics
 
 
+def _write_transcript(run: Any, run_dir: Path, name: str, text: str) -> None:
+    """``transcripts/<name>`` written whole (temporary file + rename) and logged to the run;
+    a replayed step (after a resume) rewrites its file instead of adding to it."""
+    path = run_dir / TRANSCRIPTS_DIR / name
+    atomic_write_text(path, text)
+    run.log_artifact(path, TRANSCRIPTS_DIR)
+
+
+def _step_transcript(
+    cfg: TrainConfig, trainer: Trainer, run: Any, run_dir: Path, result: StepResult
+) -> None:
+    """The step's sample episodes with their credit (``transcripts.episodes_per_step``)."""
+    n, rec = cfg.transcripts.episodes_per_step, result.record
+    if n == 0 or rec is None:
+        return
+    records = step_records(
+        result.step, rec.roots, rec.batch, rec.credit, rec.values, trainer.policy.tokenizer, n
+    )
+    _write_transcript(run, run_dir, file_name("step", result.step), to_jsonl(records))
+
+
+def _record_eval(
+    cfg: TrainConfig,
+    trainer: Trainer,
+    run: Any,
+    run_dir: Path,
+    ranks: Ranks,
+    step: int,
+    ev: Evaluation,
+    key: str,
+) -> float:
+    """Log one evaluation's macro success as ``key`` at ``step``; on rank 0 append it to
+    ``evals.jsonl`` (the progress plot) and write its episodes' transcript."""
+    value = metric(ev.items)
+    run.log_metrics({key: value}, step=step)
+    if ranks.main:
+        _append_jsonl(run_dir / EVALS_LOG, {"step": step, "eval_metric": value,
+                                             "items": len(ev.items)})  # fmt: skip
+        if cfg.transcripts.eval:
+            categories = ev.items["category"].astype(str).tolist()
+            records = eval_records(step, ev.episodes, categories, trainer.policy.tokenizer)
+            _write_transcript(run, run_dir, file_name("eval", step), to_jsonl(records))
+    return value
+
+
+def _start_eval(
+    cfg: TrainConfig,
+    trainer: Trainer,
+    run: Any,
+    run_dir: Path,
+    ranks: Ranks,
+    progress: Progress,
+    log: Log,
+) -> pd.DataFrame | None:
+    """The starting policy's item-level results (``eval.start``), evaluated before step 1.
+
+    A resumed run reads them back from ``eval_items_start.csv`` instead; one resumed past
+    step 0 without them (started with ``eval.start=false``) has no starting policy left to
+    evaluate and returns None. Other ranks than 0 return None (only rank 0 compares).
+    """
+    if not cfg.eval.start:
+        return None
+    path = run_dir / START_ITEMS
+    if ranks.broadcast(path.exists() if ranks.main else None):  # every rank takes one branch
+        log(f"starting policy: evaluated before, items in {path}")
+        return pd.read_csv(path, dtype={"item_id": str, "category": str}) if ranks.main else None
+    if trainer.step > 0:
+        log("starting policy: not evaluated before this resumed run's first step; no comparison")
+        return None
+    ev = play_evaluation(
+        trainer.generator,
+        cfg,
+        cfg.method,
+        on_turn=lambda i, n: progress("eval (start)", i, n),
+        shard=trainer.shard,
+    )
+    value = _record_eval(cfg, trainer, run, run_dir, ranks, 0, ev, "eval_metric_start")
+    run.log_items(ev.items[ITEM_COLUMNS], name=START_ITEMS)
+    if ranks.main:
+        with atomic_target(path) as out:  # last: its presence means the start eval is done
+            ev.items.to_csv(out, index=False)
+    log(f"starting policy: eval macro success {value:.4f} on {len(ev.items)} items")
+    return ev.items if ranks.main else None
+
+
+def _compare(
+    cfg: TrainConfig,
+    start: pd.DataFrame | None,
+    final: pd.DataFrame,
+    step: int,
+    run: Any,
+    ranks: Ranks,
+    log: Log,
+) -> Comparison | None:
+    """Final vs starting policy on the items both evaluated, logged at ``step`` (rank 0)."""
+    if start is None or not ranks.main:
+        return None
+    cmp = paired_comparison(start, final, seed=cfg.seed)
+    if cmp.items < len(final):
+        log(f"start vs final: {cmp.items} of the {len(final)} final items were evaluated at the "
+            "start (eval.max_items changed?); compared on those")  # fmt: skip
+    run.log_metrics(
+        {
+            "eval_metric_delta": cmp.delta,
+            "eval_metric_delta_ci_low": cmp.ci_low,
+            "eval_metric_delta_ci_high": cmp.ci_high,
+        },
+        step=step,
+    )
+    return cmp
+
+
+def _plot(cfg: TrainConfig, run: Any, run_dir: Path) -> Path:
+    """``progress.png`` from ``metrics.jsonl`` and ``evals.jsonl`` (replaced whole), logged."""
+    from factor_cli.stats.progress import run_progress
+
+    train = _last_per_step(run_dir / "metrics.jsonl")
+    evals = _last_per_step(run_dir / EVALS_LOG)
+    out = run_dir / PROGRESS_PNG
+    title = f"{cfg.study}/{cfg.method} on {cfg.env.name}, seed {cfg.seed} (run {run.run_id[:12]})"
+    with tempfile.TemporaryDirectory(prefix=".progress-", dir=run_dir) as tmp:
+        made = run_progress(
+            [r["step"] for r in train],
+            [r.get("return_mean", float("nan")) for r in train],
+            [r["step"] for r in evals],
+            [r["eval_metric"] for r in evals],
+            Path(tmp) / PROGRESS_PNG,
+            title,
+            train_success=[r.get("success_rate", float("nan")) for r in train],
+        )
+        os.replace(made, out)
+    run.log_artifact(out)
+    return out
+
+
 def _finish(
     cfg: TrainConfig, trainer: Trainer, run: Any, run_dir: Path, ranks: Ranks, progress: Progress
-) -> tuple[float, Path]:
-    """Export the final model (atomically) and evaluate it; returns (metric, items path)."""
+) -> tuple[pd.DataFrame, Path]:
+    """Export the final model (atomically) and evaluate it; returns (items, items path)."""
     final = run_dir / "model"
     tmp = run_dir / ".model.tmp"
     trainer.engine.save_pretrained(tmp, trainer.policy.tokenizer)  # all ranks: ZeRO-3
@@ -244,21 +433,20 @@ def _finish(
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
-    items = evaluate(
+    ev = play_evaluation(
         trainer.generator,
         cfg,
         cfg.method,
         on_turn=lambda i, n: progress("eval", i, n),
         shard=trainer.shard,
     )
-    value = metric(items)
     items_path = run_dir / "eval_items.csv"
     if ranks.main:
         with atomic_target(items_path) as out:
-            items.to_csv(out, index=False)
-    run.log_items(items[["env", "method", "seed", "item_id", "category", "success", "score"]])
-    run.log_metrics({"eval_metric": value}, step=trainer.step)
-    return value, items_path
+            ev.items.to_csv(out, index=False)
+    run.log_items(ev.items[ITEM_COLUMNS])
+    _record_eval(cfg, trainer, run, run_dir, ranks, trainer.step, ev, "eval_metric")
+    return ev.items, items_path
 
 
 def evaluate_checkpoint(
