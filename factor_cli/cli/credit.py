@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .common import console, fail
+from .token_colours import token_style as _token_style
 
 if TYPE_CHECKING:  # torch-backed; imported by the commands that use them
     from factor_cli.rollout.explain import ActionView, Explanation
@@ -23,15 +24,6 @@ app = typer.Typer(
 )
 
 CONSERVED = 1e-6
-
-
-def _token_style(w: float) -> str:
-    """Background colour for allocation weight w (1 = uniform share of the action's credit)."""
-    if w >= 1.0:
-        x = min((w - 1.0) / 1.5, 1.0)
-        return f"black on rgb({int(200 - 120 * x)},{int(200 + 55 * x)},{int(200 - 120 * x)})"
-    x = max(min(1.0 - w, 1.0), 0.0)
-    return f"black on rgb({int(200 - 90 * x)},{int(200 - 90 * x)},{int(200 - 50 * x)})"
 
 
 def _tokens(view: ActionView, method: str, numbers: bool) -> Text:

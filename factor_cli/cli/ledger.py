@@ -1,4 +1,4 @@
-"""`factor ledger`: compute report and item-level export of the MLflow ledger.
+"""`factor ledger`: compute report, run list, item-level export and transcripts of the ledger.
 
 Thin layer over :mod:`factor_cli.ledger`: resolve the store (``--tracking-uri`` >
 ``MLFLOW_TRACKING_URI`` > ``ledger/mlflow.db``), call the library, render with rich. Bad input
@@ -16,12 +16,14 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from factor_cli.atomic import atomic_target
+from factor_cli.atomic import atomic_target, atomic_write_text
 
-from .common import console, fail
+from .common import console, fail, warn
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from factor_cli.ledger.transcripts import EpisodeRecord, Transcript, TranscriptIndex
 
 app = typer.Typer(
     rich_markup_mode="markdown",
@@ -188,6 +190,117 @@ def list_cmd(
             row += [f"{r.cpu_core_hours:.3f}", _metric(r.invalid_rate), r.start_time[:19]]
         table.add_row(*row)
     console.print(table)
+
+
+@app.command("show")
+def show_cmd(
+    run: Annotated[str, typer.Argument(help="Ledger run id (a unique prefix is enough).")],
+    step: Annotated[
+        int | None,
+        typer.Option(
+            "--step",
+            "-k",
+            help="Training step (default: the last recorded); with --eval, the "
+            "evaluation after that step (0: the starting policy; default: the last).",
+            show_default=False,
+        ),
+    ] = None,
+    episode: Annotated[
+        int | None,
+        typer.Option(
+            "--episode",
+            "-e",
+            help="Episode of that step (default 0; with --html, all).",
+            show_default=False,
+        ),
+    ] = None,
+    evaluation: Annotated[
+        bool, typer.Option("--eval", help="Show evaluation episodes instead of training ones.")
+    ] = False,
+    html_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            help="Write one self-contained HTML page of the step's episodes here.",
+            show_default=False,
+        ),
+    ] = None,
+    prompt: Annotated[
+        bool, typer.Option("--prompt", help="Print each turn's whole prompt x_t.")
+    ] = False,
+    weights: Annotated[
+        bool, typer.Option("--weights", "-w", help="Print each token's weight too.")
+    ] = False,
+    tracking_uri: TrackingOpt = None,
+    experiment: ExperimentOpt = "factor",
+) -> None:
+    """Show what the agent did: one recorded episode of a training run, turn by turn.
+
+    Per turn: the observation, the reply with its action tokens coloured by allocation weight
+    (as `factor credit explain`), the action and whether it was valid, the reward and the
+    environment's feedback; beside it the credit A*_t, the value estimate V(x_t) and the mean
+    token weight; per episode A^seq and the check sum_t A*_t = A^seq. Runs record
+    `transcripts.episodes_per_step` sample episodes per step and every evaluation episode.
+    """
+    from .episode_render import print_episode
+
+    tr, index, chosen = _episodes(run, step, episode, evaluation, tracking_uri, experiment)
+    if html_out is not None:
+        _write_page(tr, chosen, evaluation, html_out)
+        return
+    print_episode(console, chosen[0], len(tr.episodes), tr.run_id, prompt, weights)
+    console.print(Text(f"recorded: {_recorded(index)}", style="dim"))
+
+
+def _episodes(
+    run: str,
+    step: int | None,
+    episode: int | None,
+    evaluation: bool,
+    tracking_uri: str | None,
+    experiment: str,
+) -> tuple[Transcript, TranscriptIndex, list[EpisodeRecord]]:
+    """The transcript asked for and its chosen episodes (all of them when ``episode`` is
+    None), or a one-line error; a torn last line is a warning."""
+    from factor_cli.ledger.transcripts import TranscriptError, open_transcript
+
+    if step is not None and step < 0:
+        fail(f"--step {step}: steps are 0 or more")
+    try:
+        tr, index = open_transcript(run, step, evaluation, tracking_uri, experiment)
+    except (TranscriptError, ValueError) as exc:
+        fail(str(exc))
+    count = len(tr.episodes)
+    if tr.torn:
+        warn(f"run {tr.run_id[:12]}: the last line of the {tr.kind} transcript of step "
+             f"{tr.step} was cut short (a torn write); skipped it")  # fmt: skip
+    if count == 0:
+        fail(f"run {tr.run_id[:12]}: the {tr.kind} transcript of step {tr.step} holds no episode")
+    if episode is not None and not 0 <= episode < count:
+        fail(f"--episode {episode}: step {tr.step} recorded episodes 0-{count - 1}")
+    return tr, index, tr.episodes if episode is None else [tr.episodes[episode]]
+
+
+def _write_page(tr: Transcript, chosen: list[EpisodeRecord], evaluation: bool, out: Path) -> None:
+    """One self-contained HTML page of ``chosen``, written atomically."""
+    from .episode_render import episodes_html
+
+    what = "evaluation after step" if evaluation else "training step"
+    page = episodes_html(chosen, f"factor run {tr.run_id[:12]}: {what} {tr.step}", len(tr.episodes))
+    try:
+        atomic_write_text(out, page)
+    except OSError as exc:
+        fail(f"--html {out}: cannot write it ({exc.strerror or exc})")
+    console.print(Text(f"wrote {len(chosen)} episodes to {out}"), soft_wrap=True)
+
+
+def _recorded(index: TranscriptIndex) -> str:
+    """``steps 1-4; evals after steps 0, 4``: what else ``show`` can open for this run."""
+    from factor_cli.ledger.transcripts import ranges
+
+    have = [f"steps {ranges(index.steps)}" if index.steps else "",
+            f"evals after steps {ranges(index.evals)}" if index.evals else ""]  # fmt: skip
+    return "; ".join(h for h in have if h)
 
 
 def write_atomic(frame: pd.DataFrame, out: Path) -> None:
