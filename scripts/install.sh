@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv if missing and install factor into it (`--dev` adds pytest, hypothesis, ruff and
-# the ALFWorld extra, which compiles its planner the first time).
+# Create .venv if missing and install factor into it (`--dev` adds pytest, hypothesis, ruff,
+# playwright with Debian's chromium, and the ALFWorld extra, which compiles its planner the first
+# time).
 # Idempotent: it reinstalls only when pyproject.toml changed since the last install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,13 @@ if ! command -v java >/dev/null 2>&1; then
   echo "[install] java missing: installing a headless JRE with apt"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless) \
     || echo "[install] warning: could not install Java; environment adapters will report it missing"
+fi
+# --dev: the test of `factor ledger show --html` opens the page in headless Chromium (Debian's
+# package, driven by playwright from the dev extra; playwright's own browser download is unused).
+if [ "$extras" = "--dev" ] && [ ! -x /usr/bin/chromium ]; then
+  echo "[install] chromium missing: installing it with apt (the HTML transcript test)"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+    || echo "[install] warning: could not install chromium; the HTML page test will skip"
 fi
 base=".venv/.factor-install-$(sha256sum pyproject.toml | cut -c1-16)"
 stamp="$base${extras:+-dev}"
