@@ -5,6 +5,10 @@ action span are the action's tokens (their behaviour log-probs are ``logp_old``)
 action span holds no token (an empty action) keeps all its reply tokens as action tokens, so
 every action has at least one token and the credit still reaches the loss. The other reply
 tokens (reasoning, tags, formatting) form the non-action branch.
+
+Under valid-action decoding each action also carries the token ids that were allowed at each
+reply position (``allowed_ids``), so the update re-scores pi_theta under the constraint its
+``logp_old`` was sampled under (``policy.generation.constrained``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ class RolloutBatch:
     """Phi_t of each action."""
     turn_of_action: list[tuple[int, int]]
     """(episode index, turn) of each action."""
+    allowed_ids: list[list[list[int]] | None] | None = None
+    """Per action, the allowed token ids of each reply position under valid-action decoding
+    (None for a freely decoded reply); None when no reply of the batch was constrained."""
 
 
 def effective_mask(mask: Sequence[bool]) -> list[bool]:
@@ -59,7 +66,7 @@ def pack_episodes(
     action_index, logp_old, teacher, traj_index = [], [], [], []
     na_logp, na_traj = [], []
     prompts, replies, masks, feedback, where = [], [], [], [], []
-    observations = []
+    observations, allowed = [], []
     groups = {g: i for i, g in enumerate(sorted({ep.start.group for ep in episodes}))}
     a = 0
     for e, ep in enumerate(episodes):
@@ -83,6 +90,7 @@ def pack_episodes(
             observations.append(turn.observation)
             prompts.append(turn.prompt_ids)
             replies.append(turn.reply_ids)
+            allowed.append(turn.allowed_ids)
             masks.append(mask)
             feedback.append(turn.feedback)
             where.append((e, t))
@@ -109,4 +117,5 @@ def pack_episodes(
         na_traj_index=torch.tensor(na_traj, dtype=torch.long),
         feedback=feedback,
         turn_of_action=where,
+        allowed_ids=allowed if any(a is not None for a in allowed) else None,
     )

@@ -5,7 +5,11 @@ micro-batches of at most ``optim.micro_batch_actions`` actions for the forward p
 of a micro-batch is ``credit.objective`` itself (the function the credit tests check), with every
 term normalised by its global count in the mini-batch (actions for action-mean, action tokens for
 token-mean and the KL, non-action tokens for the non-action branch), so the split never changes
-the update. Log-probs are recomputed at the rollout temperature, as they were sampled.
+the update. Log-probs are recomputed at the rollout temperature, as they were sampled, and
+under valid-action decoding over the same allowed token sets (``rb.allowed_ids``):
+log pi^C_theta(y) = z[y]/T - logsumexp_{v in C} z[v]/T, the distribution ``logp_old`` was drawn
+from, so q = 1 at the behaviour weights. The SERL KL then compares the teacher's and the
+student's distributions masked to the same sets.
 
 One micro-batch is three parts: :func:`gather` (forward passes, then the objective's inputs cut
 out of the packed batch), ``credit.objective`` (the loss) and :func:`padding_step` (the zero-loss
@@ -287,6 +291,7 @@ def gather(ctx: UpdateContext, acts: Sequence[int]) -> MicroInputs:
         ctx.pad_id,
         with_grad=True,
         return_logits=ctx.with_kl,
+        allowed=_allowed(rb, acts),
     )
     logp, logp_old, coef, index, na_new, na_old, na_traj, student = [], [], [], [], [], [], [], []
     for local, (a, lp) in enumerate(zip(acts, sc.logprobs)):
@@ -325,6 +330,11 @@ def gather(ctx: UpdateContext, acts: Sequence[int]) -> MicroInputs:
     return MicroInputs(action, non_action, distill)
 
 
+def _allowed(rb: RolloutBatch, acts: Sequence[int]) -> list[list[list[int]] | None] | None:
+    """The micro-batch's allowed token sets per reply position (None: all free)."""
+    return None if rb.allowed_ids is None else [rb.allowed_ids[a] for a in acts]
+
+
 @torch.no_grad()
 def _teacher_logits(ctx: UpdateContext, acts: Sequence[int], dev: torch.device) -> torch.Tensor:
     """The teacher's next-token logits at the action tokens, [N_tok, V] (no gradient)."""
@@ -336,6 +346,7 @@ def _teacher_logits(ctx: UpdateContext, acts: Sequence[int], dev: torch.device) 
         ctx.cfg.rollout.temperature,
         ctx.pad_id,
         return_logits=True,
+        allowed=_allowed(rb, acts),
     )
     return torch.cat(
         [z[torch.tensor(rb.action_masks[a], device=dev)] for z, a in zip(tsc.logits, acts)]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,11 +30,12 @@ from factor_cli.policy.generation.scoring import score_replies
 from factor_cli.policy.generation.vllm import (
     EXTENSION,
     INSTALL_HINT,
+    TRIE_PROCESSOR,
     VLLMGenerator,
     pack_weights,
     unpack_weights,
 )
-from factor_cli.policy.prompting import ACTION_CLOSE
+from factor_cli.policy.prompting import ACTION_CLOSE, ACTION_OPEN, extract_action
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason=f"vLLM is not installed: {INSTALL_HINT}")
@@ -283,3 +285,98 @@ def test_stops_on_action_close(
 def test_engine_extension_is_importable() -> None:
     module, _, name = EXTENSION.rpartition(".")
     assert hasattr(importlib.import_module(module), name)
+
+
+@needs_vllm
+def test_trie_processor_is_importable_by_its_engine_name() -> None:
+    """vLLM loads the valid-action processor by ``module:class`` inside its engine processes."""
+    from vllm.v1.sample.logits_processor import LogitsProcessor
+
+    module, _, name = TRIE_PROCESSOR.partition(":")
+    assert issubclass(getattr(importlib.import_module(module), name), LogitsProcessor)
+
+
+# -- valid-action decoding -----------------------------------------------------------------------
+ACTIONS = [
+    ["move north", "move south", "take coin", "take", "look around", "open door to north"],
+    ["move north", "move south"],
+    ["take coin"],
+    ["open door to north", "open door to south", "open door", "inventory"],
+] * 2
+
+
+@needs_vllm
+@needs_twx
+@pytest.mark.parametrize("mode", ["greedy", "T=1.0", "T=0.7"])
+def test_constrained_replies_are_allowed_and_logprobs_consistent(
+    engine: VLLMGenerator, mode: str
+) -> None:
+    """Every reply is one allowed action; vLLM's own log-probs (the mask applied before
+    temperature) equal the trainer's re-score renormalised over the same sets; forced tokens
+    score 0."""
+    greedy = mode == "greedy"
+    temperature = 1.0 if greedy else float(mode[2:])
+    gens = engine.generate(
+        PROMPTS, temperature=temperature, greedy=greedy, seeds=range(8), allowed=ACTIONS
+    )
+    for g, acts in zip(gens, ACTIONS):
+        action = extract_action(g.text)
+        assert g.finished and action.tagged and action.text in acts
+        assert g.text == f"{ACTION_OPEN}{action.text}{ACTION_CLOSE}"
+        assert g.token_ids == list(engine.tries.reply_tokens(action.text))
+        assert g.allowed_ids is not None and len(g.allowed_ids) == len(g.token_ids)
+        for lp, s in zip(g.logprobs, g.allowed_ids):
+            assert abs(lp) < LOGPROB_TOL if len(s) == 1 else lp < 0
+    gap = engine.rescore(gens, temperature)
+    print(f"max |vLLM - HF constrained re-score| ({mode}): {gap:.2e}")
+    assert gap < LOGPROB_TOL
+    free = engine.trainer_logprobs([replace(g, allowed_ids=None) for g in gens], temperature)
+    worst = max(abs(a - b) for g, f in zip(gens, free) for a, b in zip(g.logprobs, f))
+    assert worst > 100 * LOGPROB_TOL  # they are not the free distribution's log-probs
+
+
+@needs_vllm
+@needs_twx
+def test_constrained_greedy_equals_hf(engine: VLLMGenerator, hf: HFGenerator) -> None:
+    ours = engine.generate(PROMPTS, greedy=True, allowed=ACTIONS)
+    theirs = hf.generate(PROMPTS, greedy=True, allowed=ACTIONS)
+    assert [g.token_ids for g in ours] == [g.token_ids for g in theirs]
+    assert [g.allowed_ids for g in ours] == [g.allowed_ids for g in theirs]
+    worst = max(abs(a - b) for x, y in zip(ours, theirs) for a, b in zip(x.logprobs, y.logprobs))
+    assert worst < LOGPROB_TOL
+
+
+@needs_vllm
+@needs_twx
+def test_constrained_rescore_mode_and_free_rows(engine: VLLMGenerator) -> None:
+    """With re-scoring on, the returned log-probs are the trainer's constrained ones; a seed
+    gives the same reply; rows with None decode exactly as without ``allowed``."""
+    allowed = [None, ACTIONS[1], [], ACTIONS[3]] * 2
+    engine.rescore_logprobs = True
+    try:
+        gens = engine.generate(PROMPTS, temperature=1.0, seeds=range(8), allowed=allowed)
+    finally:
+        engine.rescore_logprobs = False
+    assert engine.last_logprob_gap is not None and engine.last_logprob_gap < LOGPROB_TOL
+    assert [g.logprobs for g in gens] == engine.trainer_logprobs(gens, 1.0)
+    again = engine.generate(PROMPTS, temperature=1.0, seeds=range(8), allowed=allowed)
+    assert [g.token_ids for g in again] == [g.token_ids for g in gens]
+    free = engine.generate(PROMPTS, temperature=1.0, seeds=range(8))
+    for i, acts in enumerate(allowed):
+        assert (gens[i].allowed_ids is None) == (not acts)
+        if not acts:
+            assert gens[i].token_ids == free[i].token_ids
+
+
+@needs_vllm
+@needs_twx
+@pytest.mark.parametrize(
+    ("allowed", "message"),
+    [([["go"]], "allowed has 1 entries for 2 prompts"), ([["go"], [""]], "holds the action ''")],
+)
+def test_constrained_bad_input_is_one_line_error(
+    engine: VLLMGenerator, allowed: list, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message) as err:
+        engine.generate(PROMPTS[:2], allowed=allowed)
+    assert "\n" not in str(err.value)

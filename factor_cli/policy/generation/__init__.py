@@ -7,11 +7,13 @@
 - :mod:`.hf`: the ``hf`` backend (Hugging Face ``generate``);
 - :mod:`.vllm`: the ``vllm`` backend (vLLM's offline engine; vLLM itself is optional and is
   imported only when such a backend is built);
-- :mod:`.scoring`: teacher-forced log-prob re-scoring (:func:`score_replies`).
+- :mod:`.scoring`: teacher-forced log-prob re-scoring (:func:`score_replies`);
+- :mod:`.constrained`: valid-action decoding (the action token trie, the HF logits mask and
+  the constrained log-probs both backends and the scorer share).
 
-The modules import downward only (``backends`` -> ``hf`` / ``vllm`` -> ``scoring``, ``base``),
-lazily where torch or vLLM would load. Public names are re-exported here lazily too, so
-importing this package costs nothing until a name is used.
+The modules import downward only (``backends`` -> ``hf`` / ``vllm`` -> ``scoring`` ->
+``constrained``, ``base``), lazily where torch or vLLM would load. Public names are re-exported
+here lazily too, so importing this package costs nothing until a name is used.
 """
 
 from __future__ import annotations

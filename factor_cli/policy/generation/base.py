@@ -8,7 +8,8 @@ sampled token,
 
 with z the model's logits and T the sampling temperature (greedy decoding scores at T = 1).
 Sampling uses the full distribution (no top-k / top-p), so these are the exact probabilities of
-the tokens drawn.
+the tokens drawn. Under valid-action decoding (``allowed``) the distribution is that softmax
+renormalised over the tokens the current admissible actions allow (:mod:`.constrained`).
 
 Context limits (:class:`GenerationLimits`): a prompt longer than ``max_context -
 max_new_tokens`` tokens keeps its first quarter and its last three quarters of that budget
@@ -177,10 +178,12 @@ class GenerationBackend(Protocol):
     ) -> list[Generation]:
         """Sample (or greedily decode) one reply per prompt.
 
-        ``allowed`` (valid-action decoding): reply i must be ``<action>a</action>`` for one of
-        the actions ``allowed[i]`` (free when ``allowed[i]`` is None or empty); its log-probs
-        are those of the constrained distribution, softmax renormalised over the tokens the
-        action trie allows at each position, and :attr:`Generation.allowed_ids` records them.
+        ``allowed`` (valid-action decoding, :mod:`.constrained`): reply i must be
+        ``<action>a</action>`` for one of the actions ``allowed[i]`` (free when ``allowed[i]``
+        is None or empty); its log-probs are those of the constrained distribution, softmax
+        renormalised over the tokens the action trie allows at each position, and
+        :attr:`Generation.allowed_ids` records them. A length other than ``len(prompts)`` or an
+        empty action is a one-line ValueError.
 
         Seeds (:func:`request_seeds`): reply i draws from its own random stream, seeded with
         ``seeds[i]`` when given, else with ``seed + i``; so what reply i draws depends only on

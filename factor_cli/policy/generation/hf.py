@@ -3,6 +3,10 @@ trainer's own model object (so its log-probs are the trainer's, and :meth:`refre
 
 Seeded replies (the rollout runner always seeds them) are drawn by :class:`RowSeededSampler`, one
 random stream per reply, so a reply does not depend on the batch it was generated in.
+
+Valid-action decoding (``allowed``): :class:`~.constrained.TrieLogitsMask` masks each constrained
+row to its action trie before the draw, and the reported log-probs are renormalised over the
+same sets (:mod:`.constrained`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from .base import (
     check_temperature,
     request_seeds,
 )
+from .constrained import Allowed, TokenTrie, TrieBuilder, TrieLogitsMask, constrained_logprobs
 
 if TYPE_CHECKING:
     from ..model import Policy
@@ -51,6 +56,7 @@ class HFGenerator(TokenizedBackend):
         batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> None:
         super().__init__(policy, GenerationLimits(max_new_tokens, max_context, batch_size))
+        self.tries = TrieBuilder(self.tokenizer, self.stop_ids)
 
     def refresh(self, model: torch.nn.Module | None = None) -> None:
         """Sample with ``model`` from now on; nothing to copy, generation reads its weights."""
@@ -68,22 +74,23 @@ class HFGenerator(TokenizedBackend):
         greedy: bool = False,
         seed: int | None = None,
         seeds: Sequence[int] | None = None,
-        allowed: Sequence[Sequence[str] | None] | None = None,
+        allowed: Allowed = None,
     ) -> list[Generation]:
         """Sample (or greedily decode) one reply per prompt; seeds as
         :meth:`GenerationBackend.generate` says: reply i's stream is seeded by ``seeds[i]``, else
         ``seed + i`` (:class:`RowSeededSampler`); with neither, HF samples from torch's global
-        generator."""
+        generator. ``allowed``: valid-action decoding (:mod:`.constrained`)."""
         check_temperature(temperature, greedy)
-        if allowed is not None and any(allowed):
-            raise NotImplementedError("valid-action decoding is not implemented yet")
         rows = request_seeds(len(prompts), seed, seeds)
+        tries = self.tries.tries(allowed, len(prompts))
         encoded = self.encode(prompts)
         size = self.batch_size
         out: list[Generation] = []
         for lo in range(0, len(encoded), size):
             chunk = None if rows is None else rows[lo : lo + size]
-            out += self._generate_batch(encoded[lo : lo + size], temperature, greedy, chunk)
+            out += self._generate_batch(
+                encoded[lo : lo + size], temperature, greedy, chunk, tries[lo : lo + size]
+            )
         return out
 
     def _shared_prefix_cache(
@@ -105,26 +112,28 @@ class HFGenerator(TokenizedBackend):
         return cache
 
     def _sampling_options(
-        self, temperature: float, greedy: bool, seeds: Sequence[int] | None, device: torch.device
+        self,
+        temperature: float,
+        greedy: bool,
+        seeds: Sequence[int] | None,
+        device: torch.device,
+        mask: TrieLogitsMask | None = None,
     ) -> dict[str, Any]:
-        """``generate`` keyword arguments for greedy decoding or full-distribution sampling."""
-        if greedy:
-            return {"do_sample": False}
-        options: dict[str, Any] = {
-            "do_sample": True,
-            "temperature": float(temperature),
-            "top_k": 0,
-            "top_p": 1.0,
-        }
-        if seeds is not None:
-            from transformers import LogitsProcessorList
-
+        """``generate`` keyword arguments for greedy decoding or full-distribution sampling;
+        ``mask`` (valid-action decoding) runs first, so every draw sees it."""
+        processors: list[Any] = [] if mask is None else [mask]
+        options: dict[str, Any] = {"do_sample": not greedy}
+        if not greedy:
+            options.update(temperature=float(temperature), top_k=0, top_p=1.0)
+        if not greedy and seeds is not None:
             # The sampler draws the token itself (temperature included); HF's own draw then
             # has a single candidate, so its global-RNG multinomial changes nothing.
             options["temperature"] = 1.0
-            options["logits_processor"] = LogitsProcessorList(
-                [RowSeededSampler(seeds, float(temperature), device)]
-            )
+            processors.append(RowSeededSampler(seeds, float(temperature), device))
+        if processors:
+            from transformers import LogitsProcessorList
+
+            options["logits_processor"] = LogitsProcessorList(processors)
         return options
 
     def _inputs(
@@ -148,9 +157,12 @@ class HFGenerator(TokenizedBackend):
         temperature: float,
         greedy: bool,
         seeds: Sequence[int] | None = None,
+        tries: Sequence[TokenTrie | None] | None = None,
     ) -> list[Generation]:
         device = next(self.model.parameters()).device
         ids, mask, cache = self._inputs([e[0] for e in encoded], device)
+        tries = list(tries) if tries is not None else [None] * len(encoded)
+        trie_mask = TrieLogitsMask(tries, ids.shape[1]) if any(tries) else None
         res = self.model.generate(
             input_ids=ids,
             attention_mask=mask,
@@ -160,31 +172,39 @@ class HFGenerator(TokenizedBackend):
             output_logits=True,
             return_dict_in_generate=True,
             **cache,
-            **self._sampling_options(temperature, greedy, seeds, device),
+            **self._sampling_options(temperature, greedy, seeds, device, trie_mask),
         )
         new = res.sequences[:, ids.shape[1] :].cpu()  # [B, G]
         scale = 1.0 if greedy else float(temperature)
-        logits = torch.stack(res.logits, dim=1).float().cpu() / scale  # [B, G, V]
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        logits = torch.stack(res.logits, dim=1).float().cpu() / scale  # [B, G, V] raw, / T
         return [
-            self._to_generation(new[b].tolist(), logp[b], prompt, cut)
+            self._to_generation(new[b].tolist(), logits[b], prompt, cut, tries[b])
             for b, (prompt, cut) in enumerate(encoded)
         ]
 
     def _to_generation(
-        self, toks: list[int], logp: torch.Tensor, prompt: list[int], cut: bool
+        self,
+        toks: list[int],
+        logits: torch.Tensor,
+        prompt: list[int],
+        cut: bool,
+        trie: TokenTrie | None = None,
     ) -> Generation:
-        """Cut a row of generated tokens [G] after its first stop token (padding follows it)."""
+        """Cut a row of generated tokens [G] after its first stop token (padding follows it)
+        and score it from its logits [G, V] (/ T): log softmax, renormalised over the trie's
+        allowed sets when the row was constrained."""
         stops = set(self.stop_ids)
         end = next((j + 1 for j, t in enumerate(toks) if t in stops), len(toks))
         toks = toks[:end]
+        allowed_ids = None if trie is None else trie.allowed_along(toks)
         return Generation(
             prompt_ids=prompt,
             token_ids=toks,
-            logprobs=logp[:end].tolist(),
+            logprobs=constrained_logprobs(logits[:end], toks, allowed_ids).tolist(),
             text=self.tokenizer.decode(toks, skip_special_tokens=True),
             finished=bool(toks) and toks[-1] in stops,
             prompt_truncated=cut,
+            allowed_ids=allowed_ids,
         )
 
 

@@ -6,6 +6,10 @@
 
 for the trainer (pi_theta and pi_old), the hindsight teacher (x with Phi_t inserted), the value
 head's boundary features, and to check a backend against the trainer's forward.
+
+A reply generated under valid-action decoding is scored under the same constraint (``allowed``:
+its :attr:`~.base.Generation.allowed_ids`): log pi^C(y_j) = z_j[y_j] / T - logsumexp_{v in C_j}
+z_j[v] / T (:mod:`.constrained`), and its returned logits are masked to C_j likewise.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from .constrained import constrained_logits
 
 
 @dataclass
@@ -27,7 +33,8 @@ class Scores:
     """Last-layer hidden state at each prompt's last token (the boundary before the reply),
     [B, H]."""
     logits: list[torch.Tensor] | None
-    """Per reply, the next-token logits at each reply position, [G_i, V]."""
+    """Per reply, the next-token logits (/ T) at each reply position, [G_i, V]; a constrained
+    reply's are masked to its allowed sets (:data:`~.constrained.MASKED_LOGIT` elsewhere)."""
 
 
 def right_padded(
@@ -54,8 +61,15 @@ def score_replies(
     with_grad: bool = False,
     return_hidden: bool = False,
     return_logits: bool = False,
+    allowed: Sequence[Sequence[Sequence[int]] | None] | None = None,
 ) -> Scores:
-    """Teacher-forced log-probs of ``replies[i]`` after ``prompts[i]``, one right-padded forward."""
+    """Teacher-forced log-probs of ``replies[i]`` after ``prompts[i]``, one right-padded forward.
+
+    ``allowed[i]``: reply i's allowed token ids per position (valid-action decoding), or None
+    (free); the log-probs (and logits) of a constrained reply are renormalised over them.
+    """
+    if allowed is not None and len(allowed) != len(replies):
+        raise ValueError(f"allowed has {len(allowed)} entries for {len(replies)} replies")
     ids, mask = right_padded(prompts, replies, pad_id)
     device = next(model.parameters()).device
     ctx = torch.enable_grad() if with_grad else torch.no_grad()
@@ -70,6 +84,9 @@ def score_replies(
         for i, (p, r) in enumerate(zip(prompts, replies)):
             pos = slice(len(p) - 1, len(p) - 1 + len(r))  # logits at t predict token t + 1
             z = logits[i, pos]
+            sets = None if allowed is None else allowed[i]
+            if sets is not None:
+                z = constrained_logits(z, sets)
             target = torch.tensor(list(r), dtype=torch.long, device=z.device)
             logps.append(F.log_softmax(z, dim=-1).gather(-1, target[:, None]).squeeze(-1))
             if return_logits:

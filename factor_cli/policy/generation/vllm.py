@@ -10,6 +10,13 @@ full-distribution sampling at temperature T (no top-k / top-p), stop on eos or t
 which vLLM returns with ``logprobs_mode="processed_logprobs"`` (after temperature, before any
 top-k / top-p, of which there are none here).
 
+Valid-action decoding (``allowed``, :mod:`.constrained`): each constrained request carries the
+token sequences of its allowed replies in ``SamplingParams.extra_args``; the engine's
+:data:`TRIE_PROCESSOR` (registered as a custom logits processor, per request through vLLM's
+``AdapterLogitsProcessor``) rebuilds the trie and sets every token outside the allowed set to
+-inf before temperature and sampling, so vLLM's processed log-probs are those of the
+constrained distribution; the re-score (below) renormalises over the same sets.
+
 The engine is a second copy of the policy, so two things keep it honest:
 
 - **weights**: :meth:`VLLMGenerator.refresh` pushes the trainer model's current ``state_dict``
@@ -57,6 +64,7 @@ from .base import (
     check_temperature,
     request_seeds,
 )
+from .constrained import Allowed, TokenTrie, TrieBuilder
 from .scoring import score_replies
 
 if TYPE_CHECKING:
@@ -150,6 +158,53 @@ class WeightSyncExtension:
 
 EXTENSION = f"{__name__}.{WeightSyncExtension.__qualname__}"
 
+TRIE_ARG = "factor_allowed_replies"
+"""``SamplingParams.extra_args`` key: the token sequences of a request's allowed replies."""
+TRIE_PROCESSOR = f"{__name__}:TrieLogitsProcessor"
+"""The engine option ``logits_processors`` entry (vLLM's ``module:class`` form); the class is
+built on first access (:func:`__getattr__`), as it subclasses vLLM's own."""
+
+
+def _trie_processor_class() -> type:
+    """vLLM's ``AdapterLogitsProcessor`` for valid-action decoding (needs vLLM, so built on
+    demand inside the engine's processes)."""
+    from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
+
+    class TrieLogitsProcessor(AdapterLogitsProcessor):
+        """Per request with :data:`TRIE_ARG`: logits outside the trie's allowed set -> -inf."""
+
+        def is_argmax_invariant(self) -> bool:
+            return False  # it changes greedy picks: vLLM applies it before argmax and T
+
+        def new_req_logits_processor(self, params: Any) -> Any:
+            sequences = (params.extra_args or {}).get(TRIE_ARG)
+            if not sequences:
+                return None
+            trie = TokenTrie(sequences)
+
+            def mask(output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+                allowed = trie.allowed(output_ids)
+                if allowed is None:
+                    return logits
+                keep = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+                keep[allowed] = True
+                return logits.masked_fill(~keep, float("-inf"))
+
+            return mask
+
+    TrieLogitsProcessor.__module__ = __name__
+    return TrieLogitsProcessor
+
+
+def __getattr__(name: str) -> Any:
+    """``TrieLogitsProcessor`` is built (importing vLLM) on first access: vLLM's engine
+    processes load it by :data:`TRIE_PROCESSOR`; importing this module still needs no vLLM."""
+    if name == "TrieLogitsProcessor":
+        cls = _trie_processor_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 class VLLMGenerator(TokenizedBackend):
     """vLLM's offline engine as a :class:`GenerationBackend`, weights refreshed from the trainer.
@@ -175,6 +230,7 @@ class VLLMGenerator(TokenizedBackend):
         _check_not_bootstrapping()
         vllm = import_vllm()
         super().__init__(policy, limits)
+        self.tries = TrieBuilder(self.tokenizer, self.stop_ids)
         self.rescore_logprobs = rescore
         self.last_logprob_gap: float | None = None
         """max |vLLM log-prob - trainer re-score| over the last :meth:`generate` call (rescore)."""
@@ -234,7 +290,8 @@ class VLLMGenerator(TokenizedBackend):
                 f"worker_extension_cls={user['worker_extension_cls']!r}: this backend needs "
                 f"its own, {EXTENSION} (weight refresh)"
             )
-        options.update(user, worker_extension_cls=EXTENSION)
+        processors = [*(user.pop("logits_processors", None) or []), TRIE_PROCESSOR]
+        options.update(user, worker_extension_cls=EXTENSION, logits_processors=processors)
         return options
 
     def close(self) -> None:
@@ -280,15 +337,15 @@ class VLLMGenerator(TokenizedBackend):
         greedy: bool = False,
         seed: int | None = None,
         seeds: Sequence[int] | None = None,
-        allowed: Sequence[Sequence[str] | None] | None = None,
+        allowed: Allowed = None,
     ) -> list[Generation]:
         """Sample (or greedily decode) one reply per prompt; seeds as
         :meth:`GenerationBackend.generate` says: request i is seeded with ``seeds[i]``, else
-        ``seed + i`` (vLLM's per-request generator); with neither, the engine's own stream."""
+        ``seed + i`` (vLLM's per-request generator); with neither, the engine's own stream.
+        ``allowed``: valid-action decoding (:mod:`.constrained`)."""
         check_temperature(temperature, greedy)
-        if allowed is not None and any(allowed):
-            raise NotImplementedError("valid-action decoding is not implemented yet")
         rows = request_seeds(len(prompts), seed, seeds)
+        tries = self.tries.tries(allowed, len(prompts))
         if not prompts:
             return []
         vllm = import_vllm()
@@ -303,18 +360,24 @@ class VLLMGenerator(TokenizedBackend):
                 seed=None if rows is None else rows[i],
                 stop_token_ids=list(self.stop_ids),
                 detokenize=False,  # decoded here, as the HF backend does
+                extra_args=None if tries[i] is None else {TRIE_ARG: tries[i].sequences},
             )
             for i in range(len(encoded))
         ]
         outputs = self.llm.generate(
             [{"prompt_token_ids": ids} for ids, _ in encoded], params, use_tqdm=False
         )
-        gens = [self._to_generation(out, ids, cut) for out, (ids, cut) in zip(outputs, encoded)]
+        gens = [
+            self._to_generation(out, ids, cut, trie)
+            for out, (ids, cut), trie in zip(outputs, encoded, tries)
+        ]
         if self.rescore_logprobs and gens:
             gens, self.last_logprob_gap = self.rescored(gens, 1.0 if greedy else temperature)
         return gens
 
-    def _to_generation(self, output: Any, prompt: list[int], cut: bool) -> Generation:
+    def _to_generation(
+        self, output: Any, prompt: list[int], cut: bool, trie: TokenTrie | None = None
+    ) -> Generation:
         reply = output.outputs[0]
         toks = list(reply.token_ids)
         logps = [step[t].logprob for step, t in zip(reply.logprobs, toks)]
@@ -325,13 +388,15 @@ class VLLMGenerator(TokenizedBackend):
             text=self.tokenizer.decode(toks, skip_special_tokens=True),
             finished=reply.finish_reason == "stop",
             prompt_truncated=cut,
+            allowed_ids=None if trie is None else trie.allowed_along(toks),
         )
 
     # -- re-scoring -----------------------------------------------------------------------------
     def trainer_logprobs(
         self, generations: Sequence[Generation], temperature: float = 1.0
     ) -> list[list[float]]:
-        """log softmax(z/T)[y] of every reply token under the trainer model (teacher-forced)."""
+        """log softmax(z/T)[y] of every reply token under the trainer model (teacher-forced),
+        renormalised over :attr:`Generation.allowed_ids` where the reply was constrained."""
         out: list[list[float]] = []
         for lo in range(0, len(generations), self.batch_size):
             chunk = [g for g in generations[lo : lo + self.batch_size] if g.token_ids]
@@ -342,6 +407,7 @@ class VLLMGenerator(TokenizedBackend):
                     [g.token_ids for g in chunk],
                     temperature=temperature,
                     pad_id=self.pad_id,
+                    allowed=[g.allowed_ids for g in chunk],
                 ).logprobs
                 if chunk
                 else []
