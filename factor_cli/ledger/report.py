@@ -8,9 +8,9 @@ the compute. ``runs_table`` lists every run; the CLI shows the unfinished ones i
 ``export_items`` concatenates the item-level artifact (``items/eval_items.csv``) of every
 FINISHED training run of a study (or of every evaluation run: ``kind="eval"``) into the file
 ``factor stats`` reads, adding the run id and the study columns that are tags (study, backbone,
-reduction, temperature, budget where present). Training and evaluation runs are never mixed: an
-evaluation of a training run's checkpoint repeats its (env, method, seed), and an evaluation on
-the train split is no test result.
+reduction, temperature, budget, decoding where present). Training and evaluation runs are never
+mixed: an evaluation of a training run's checkpoint repeats its (env, method, seed), and an
+evaluation on the train split is no test result.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from .store import (
 
 STATUSES = ("FINISHED", "FAILED", "KILLED", "RUNNING", "SCHEDULED")
 # Tags that become columns of the export (after env, method, seed, ...), when some run has them.
-STUDY_COLUMNS = ("study", "backbone", "reduction", "temperature", "budget")
+STUDY_COLUMNS = ("study", "backbone", "reduction", "temperature", "budget", "decoding")
 # An evaluation run's export columns besides those: what it evaluated, from its tags. They are
 # part of its identity, so evaluations of two checkpoints (or splits) of one config both count.
 EVAL_COLUMNS = {

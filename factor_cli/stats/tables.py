@@ -15,6 +15,12 @@ Layouts (the paper's numbering):
 
 "Best" is decided on the rounded values shown, so ties are all bold.
 
+Valid-action decoding changes the task, so a results file whose runs carry the ledger's
+``decoding`` tag as a column (``constrained`` or ``free``; ``factor ledger export`` adds it)
+gets every layout's caption saying which rows decoded constrained (:func:`decoding_note`); one
+(env, method) cell mixing constrained and free runs is refused, unless the study column itself
+is ``decoding`` (``--group-column decoding`` puts them side by side).
+
 Every layout has one signature (:class:`TableBuilder`): a :class:`TableRequest` (the validated
 results and the options of every layout) in, a :class:`Table` out. :data:`TABLES` maps the kind
 to its :class:`TableLayout` (builder, paper table, study column); :data:`EXPORTS` maps a text
@@ -146,7 +152,9 @@ class TableLayout:
     def __call__(self, request: TableRequest) -> Table:
         if self.study_column is not None and request.group is None:
             request = replace(request, group=self.study_column)
-        return self.build(request)
+        note = decoding_note(request)
+        table = self.build(request)
+        return replace(table, caption=f"{table.caption} {note}".strip()) if note else table
 
     def run_keys(self, group: str | None = None) -> tuple[str, ...]:
         """Study columns a results file needs as run keys (``group`` overrides the default)."""
@@ -162,6 +170,54 @@ class TableLayout:
 
 
 TABLES: Registry[TableLayout] = Registry("table kind")
+
+DECODING_COLUMN = "decoding"
+"""The column of the ledger's ``decoding`` tag: ``constrained`` (valid-action decoding) or
+``free``."""
+CONSTRAINED = "constrained"
+
+
+def decoding_note(request: TableRequest) -> str:
+    """The caption sentence naming the rows whose runs decoded constrained ('' when none did).
+
+    Reads the shown envs and methods of ``request``; a missing or empty ``decoding`` value is
+    an older run, which decoded freely.
+
+    Raises:
+        ValueError: an (env, method) cell (and study value, when the study column is not
+            ``decoding`` itself) mixes constrained and free runs.
+    """
+    results = request.results
+    if DECODING_COLUMN not in results.columns or request.group == DECODING_COLUMN:
+        return ""
+    keep = np.ones(len(results), dtype=bool)
+    if request.envs:
+        keep &= results["env"].isin(request.envs).to_numpy()
+    if request.methods:
+        keep &= results["method"].isin(request.methods).to_numpy()
+    by = ["env", "method", *([request.group] if request.group in results.columns else [])]
+    frame = results.loc[keep, by].astype(str)
+    frame["constrained"] = (results.loc[keep, DECODING_COLUMN].astype(str) == CONSTRAINED).values
+    per_cell = frame.groupby(by, sort=False)["constrained"].agg(["any", "all"]).reset_index()
+    mixed = per_cell[per_cell["any"] & ~per_cell["all"]]
+    if len(mixed):
+        where = ", ".join(f"{k}={mixed.iloc[0][k]}" for k in by)
+        raise ValueError(
+            f"the runs of {where} mix decoding=constrained and decoding=free (different tasks): "
+            f"select one with --where decoding=constrained (or free), or compare them with "
+            f"--group-column {DECODING_COLUMN}"
+        )
+    constrained = per_cell[per_cell["all"]]
+    if not len(constrained):
+        return ""
+    what = "constrained to the current admissible actions (valid-action decoding, a different task)"
+    if len(constrained) == len(per_cell):
+        return f"Every run's replies were {what}."
+    cells = ", ".join(
+        " ".join([r["method"], "on", r["env"], *(f"({k} {r[k]})" for k in by[2:])])
+        for _, r in constrained.iterrows()
+    )
+    return f"Replies were {what} in the runs of {cells}; the others decoded freely."
 
 
 # --------------------------------------------------------------------------- formatting

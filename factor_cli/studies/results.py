@@ -5,10 +5,10 @@
 ``items``   the item-level evaluation results (artifact ``items/eval_items.csv``) of every
             FINISHED cell, in the statistics schema (env, method, seed, item_id, category,
             success, score), then run_id, cell_key, row, variant, the tag columns (reduction,
-            temperature, budget, backbone) and one text column per axis key of the spec (the
-            value in the cell's resolved config, written as ``--set`` text). A cell that stands
-            for several variants (a sweep's shared default) contributes one copy of its items
-            per variant, so every variant of every table row has its runs.
+            temperature, budget, backbone, decoding) and one text column per axis key of the
+            spec (the value in the cell's resolved config, written as ``--set`` text). A cell
+            that stands for several variants (a sweep's shared default) contributes one copy of
+            its items per variant, so every variant of every table row has its runs.
 ``runs``    one row per (cell, variant) of the matrix, finished or not: its state and ledger run
             (:data:`RUN_COLUMNS`), the compute it used (wall-clock, node- and CPU-core-hours,
             sessions) and the run-level costs ``interactions`` (environment interactions of
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 ITEMS_ARTIFACT = "items/eval_items.csv"
 ITEM_COLUMNS = ("env", "method", "seed", "item_id", "category", "success", "score")
-TAG_COLUMNS = ("reduction", "temperature", "budget", "backbone")  # tags the trainer writes
+TAG_COLUMNS = ("reduction", "temperature", "budget", "backbone", "decoding")  # trainer tags
 INTERACTION_METRICS = ("root_interactions", "continuation_interactions")
 RUN_COLUMNS = (
     "cell_key", "label", "variant", "row", "method", "env", "seed", "state", "run_id",
