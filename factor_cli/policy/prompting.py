@@ -6,8 +6,8 @@ the paper's baselines (GiGPO, SERL) use:
     system:  the environment's role and the reply convention (one action inside
              <action>...</action>; with ``think``, reasoning inside <think>...</think> first)
     user:    Task: <task description>
+             [Earlier turns: the last H (observation, action) pairs]           (``history_turns``)
              [Step t + 1. Actions so far: t.]                                  (``step_counter``)
-             [The last H (observation, action) pairs]                          (``history_turns``)
              Current observation: <observation before action t>
              [Admissible actions: [a_1, a_2, ...]]    (``admissible``, capped in count and tokens)
 
@@ -116,8 +116,6 @@ def user_message(
 ) -> str:
     keep = fmt.history_turns if history_turns is None else history_turns
     parts = [f"Task: {view.task.strip()}"]
-    if fmt.step_counter:
-        parts.append(f"Step {len(view.history) + 1}. Actions so far: {len(view.history)}.")
     n = len(view.history)
     if keep > 0 and n:
         lines = []
@@ -125,7 +123,10 @@ def user_message(
             seen = view.before(k)
             seen_text = f"Observation: {seen.strip()}\n" if seen else ""
             lines.append(f"[Step {k + 1}] {seen_text}Action: {view.history[k][0]}")
-        parts.append(f"Earlier turns (the last {min(keep, n)} of {n}):\n" + "\n".join(lines))
+        parts.append("Earlier turns:\n" + "\n".join(lines))
+    # After the history, so a turn's prompt shares the longest prefix with the next one's.
+    if fmt.step_counter:
+        parts.append(f"Step {n + 1}. Actions so far: {n}.")
     parts.append(f"Current observation: {view.observation.strip()}")
     if view.admissible:
         parts.append(f"{ADMISSIBLE_HEADER}: [{', '.join(view.admissible)}]")

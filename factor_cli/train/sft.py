@@ -62,9 +62,9 @@ from .prompts import prompt_format
 Example = tuple[list[int], list[int]]
 """(prompt token ids, reply token ids) of one gold step."""
 WARM_START_FILE = "warm_start.json"
-GOLD_VERSION = 3
+GOLD_VERSION = 4
 """Bumped when gold plays or their prompt layout change (2: deterministic TWX coin/twc plans;
-3: prompts with the step counter, (observation, action) history and admissible actions), so a
+4: prompts with (observation, action) history, the step counter and admissible actions), so a
 warm start cached under the old data is not reused for a config that now means other data."""
 GOLD_MAX_TURNS = 1000
 """Turn limit of the gold plays: a plan is played to its win, not cut at an RL horizon

@@ -61,24 +61,32 @@ def test_user_message_layout() -> None:
     text = user_message(PromptFormat(history_turns=1), view)
     parts = text.split("\n\n")
     assert parts[0] == "Task: find the coin"
-    assert parts[1] == "Step 3. Actions so far: 2."
     # The last history_turns (observation, action) pairs; the current observation once.
-    assert parts[2] == (
-        "Earlier turns (the last 1 of 2):\n[Step 2] Observation: You are in the pantry.\n"
-        "Action: look"
-    )
-    both = user_message(PromptFormat(history_turns=5), view).split("\n\n")[2]
-    assert both == (
-        "Earlier turns (the last 2 of 2):\n[Step 1] Observation: You are in the kitchen.\n"
-        "Action: move east\n[Step 2] Observation: You are in the pantry.\nAction: look"
-    )
+    assert parts[1] == "Earlier turns:\n[Step 2] Observation: You are in the pantry.\nAction: look"
+    assert parts[2] == "Step 3. Actions so far: 2."
     assert parts[3] == "Current observation: A coin."
     assert parts[4] == f"{ADMISSIBLE_HEADER}: [take coin, move west]"
+    both = user_message(PromptFormat(history_turns=5), view).split("\n\n")[1]
+    assert both == (
+        "Earlier turns:\n[Step 1] Observation: You are in the kitchen.\n"
+        "Action: move east\n[Step 2] Observation: You are in the pantry.\nAction: look"
+    )
     quiet = user_message(PromptFormat(history_turns=0, step_counter=False), view)
     assert "Step" not in quiet and "Earlier" not in quiet
     # The teacher's block comes last, after the admissible list: it is the only difference.
     teacher = user_message(PromptFormat(history_turns=1), view, feedback="You take the coin.")
     assert teacher == text + "\n\n" + FEEDBACK_HEADER + "You take the coin."
+
+
+def test_a_full_history_prompt_extends_the_previous_turns_prompt() -> None:
+    """With the whole history in the window, turn t's user message up to its history is a
+    prefix of turn t + 1's (the step counter comes after it): KV caches can be reused."""
+    fmt = PromptFormat(history_turns=10)
+    hist = [("move east", "In the pantry."), ("take coin", "You take the coin.")]
+    one = user_message(fmt, TurnView("t", hist[:1], "In the pantry.", (), "In the kitchen."))
+    two = user_message(fmt, TurnView("t", hist, "You take the coin.", (), "In the kitchen."))
+    shared = one[: one.index("\n\nStep ")]
+    assert two.startswith(shared)
 
 
 def test_system_text_states_the_reply_convention() -> None:
