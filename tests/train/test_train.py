@@ -39,6 +39,9 @@ def tiny_overrides(model: Path, tmp: Path, method: str = "factor", steps: int = 
         f"output_dir={tmp / 'runs'}",
         f"tracking_uri=sqlite:///{tmp / 'mlflow.db'}",
         "credit.warmup_steps=1",
+        # Free decoding, the paper's path (smoke constrains; tests/train/test_constrained_update.py
+        # trains under constraint).
+        "rollout.valid_action_decoding=false",
     ]
 
 
