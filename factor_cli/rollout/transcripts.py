@@ -10,6 +10,7 @@ credit A*_t, V_target(x_t) and the allocation weight omega_{t,j} of every action
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -82,9 +83,25 @@ def turn_record(
     )
 
 
-def _outcome(ep: Episode) -> tuple[float, bool, float]:
+def _episode_record(
+    kind: str, step: int, pos: int, ep: Episode, turns: list[TurnRecord], **extra: Any
+) -> EpisodeRecord:
+    """The fields every episode record has (identity, outcome, task, error), plus ``extra``."""
     out = ep.outcome
-    return (float(out.outcome), bool(out.success), float(out.score)) if out else (0.0, False, 0.0)
+    return EpisodeRecord(
+        kind=kind,
+        step=step,
+        episode=pos,
+        instance=ep.start.instance_id,
+        group=ep.start.group,
+        outcome=float(out.outcome) if out else 0.0,
+        success=bool(out.success) if out else False,
+        score=float(out.score) if out else 0.0,
+        turns=turns,
+        task=ep.task,
+        error=str(ep.error) if ep.error else None,
+        **extra,
+    )
 
 
 def step_records(
@@ -122,22 +139,15 @@ def step_records(
             turns.append(
                 turn_record(t, turn, tokenizer, rb.action_masks[a], w, float(credit.credit[a]), v)
             )
-        outcome, success, score = _outcome(ep)
         out.append(
-            EpisodeRecord(
-                kind="step",
-                step=step,
-                episode=pos,
-                instance=ep.start.instance_id,
-                group=ep.start.group,
-                outcome=outcome,
-                success=success,
-                score=score,
-                turns=turns,
+            _episode_record(
+                "step",
+                step,
+                pos,
+                ep,
+                turns,
                 a_seq=_round(float(credit.a_seq[i])),
                 v0=_round(float(credit.v0[i])),
-                task=ep.task,
-                error=str(ep.error) if ep.error else None,
                 trajectory=i,
             )
         )
@@ -150,21 +160,6 @@ def eval_records(
     """Transcripts of every evaluation episode after ``step`` training steps (no credit)."""
     out = []
     for pos, (ep, category) in enumerate(zip(episodes, categories, strict=True)):
-        outcome, success, score = _outcome(ep)
-        out.append(
-            EpisodeRecord(
-                kind="eval",
-                step=step,
-                episode=pos,
-                instance=ep.start.instance_id,
-                group=ep.start.group,
-                outcome=outcome,
-                success=success,
-                score=score,
-                turns=[turn_record(t, turn, tokenizer) for t, turn in enumerate(ep.turns)],
-                category=str(category),
-                task=ep.task,
-                error=str(ep.error) if ep.error else None,
-            )
-        )
+        turns = [turn_record(t, turn, tokenizer) for t, turn in enumerate(ep.turns)]
+        out.append(_episode_record("eval", step, pos, ep, turns, category=str(category)))
     return out
