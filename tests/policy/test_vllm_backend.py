@@ -64,7 +64,7 @@ def test_registered_under_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
         policy, max_new_tokens=8, max_context=64, batch_size=4, enforce_eager=True
     )
     assert out == "built"
-    assert calls == [((policy, 8, 64, 4), {"enforce_eager": True})]
+    assert calls == [((policy, 8, 64, 4), {"prefix_reuse": True, "enforce_eager": True})]
 
 
 def test_weights_pack_round_trip() -> None:
