@@ -3,18 +3,29 @@
 Prints tokens/s and env steps/s for root rollouts and for continuations, the cost of one
 continuation interaction relative to one root interaction, and the wall-clock ratio of a
 training step's rollout phase with continuations to one without, next to the interaction ratio.
-Targets (issue 5): a continuation interaction costs no more than a root one, and the wall-clock
-ratio stays below the interaction ratio.
+Targets (issues 5 and 14): a continuation interaction costs at most half a root one, the
+wall-clock ratio stays below the interaction ratio, and prefix reuse (``--prefix-reuse``, on
+where the backend has it) lifts generated tokens/s.
 
-    .venv/bin/python benchmarks/rollout.py [--model DIR] [--groups 4] [--k 4] [--json]
+Each of ``--reps`` repetitions plays the same episodes (same seeds) with a fresh backend, so the
+prefix cache starts empty as after a weight update, and the medians over repetitions are
+reported; ``--json`` prints them with every repetition's row. The script runs against older
+checkouts too (no ``prefix_reuse`` there: the counters read as absent).
+
+    .venv/bin/python benchmarks/rollout.py [--model DIR] [--groups 4] [--k 4] [--reps 3]
+        [--game coin] [--history-turns 2] [--no-prefix-reuse] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
+import resource
+import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -26,6 +37,75 @@ from factor_cli.rollout.continuations import run_continuations
 from factor_cli.rollout.runner import RolloutRunner, Start
 
 DEFAULT_MODEL = Path("runs/bench-tiny-1m")
+COUNTERS = ("prompt_tokens", "prefill_tokens", "reused_tokens")
+
+
+def _backend(policy: Any, args: argparse.Namespace) -> HFGenerator:
+    """A fresh hf backend; ``prefix_reuse`` only where this checkout's backend has it."""
+    options: dict[str, Any] = {}
+    if "prefix_reuse" in inspect.signature(HFGenerator).parameters:
+        options["prefix_reuse"] = args.prefix_reuse
+    elif not args.prefix_reuse:
+        raise SystemExit("this checkout's hf backend has no prefix_reuse switch")
+    return HFGenerator(policy, max_new_tokens=args.max_new_tokens, max_context=1024, **options)
+
+
+def _counters(gen: HFGenerator) -> dict[str, int | None]:
+    return {c: getattr(gen, c, None) for c in COUNTERS}
+
+
+def one_rep(policy: Any, pool: EnvPool, args: argparse.Namespace) -> dict[str, Any]:
+    """Roots then continuations with a fresh backend; seconds, interactions and tokens."""
+    gen = _backend(policy, args)
+    fmt = PromptFormat(history_turns=args.history_turns)
+    runner = RolloutRunner(pool, gen, fmt, max_turns=args.max_turns)
+    n_root = args.groups * args.k
+    starts = [
+        Start(f"{args.game}/{100 + g}", group=g) for g in range(args.groups) for _ in range(args.k)
+    ]
+    t0 = time.perf_counter()
+    roots = runner.run(starts, seed=1)
+    t_root = time.perf_counter() - t0
+    root_steps, root_tokens = runner.env_steps, runner.generated_tokens
+    root_counts = _counters(gen)
+    t0 = time.perf_counter()
+    cont = run_continuations(
+        runner, roots, "leave-one-out", args.budget, args.per_checkpoint, 15, seed=2
+    )
+    t_cont = time.perf_counter() - t0
+    cont_tokens = runner.generated_tokens - root_tokens
+    counts = _counters(gen)
+    return {
+        "root_trajectories": n_root,
+        "continuations": len(cont.episodes),
+        "root_interactions": root_steps,
+        "continuation_interactions": cont.interactions,
+        "replay_steps": cont.replay_steps,
+        "root_generated_tokens": root_tokens,
+        "continuation_generated_tokens": cont_tokens,
+        **{f"root_{c}": v for c, v in root_counts.items()},
+        **counts,
+        "root_s": t_root,
+        "continuation_s": t_cont,
+        "root_tokens_per_s": root_tokens / t_root,
+        "root_steps_per_s": root_steps / t_root,
+        "continuation_tokens_per_s": cont_tokens / t_cont,
+        "continuation_steps_per_s": cont.interactions / t_cont,
+        "generated_tokens_per_s": (root_tokens + cont_tokens) / (t_root + t_cont),
+        "s_per_interaction": (t_root + t_cont) / (root_steps + cont.interactions),
+        "cost_per_interaction_ratio": (t_cont / max(cont.interactions, 1)) / (t_root / root_steps),
+        "interaction_ratio": (root_steps + cont.interactions) / root_steps,
+        "wall_clock_ratio": (t_root + t_cont) / t_root,
+    }
+
+
+def medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per field, the median over repetitions (None where a checkout lacks the counter)."""
+    out: dict[str, Any] = {}
+    for key in rows[0]:
+        vals = [r[key] for r in rows]
+        out[key] = None if any(v is None for v in vals) else statistics.median(vals)
+    return out
 
 
 def main() -> None:
@@ -39,67 +119,65 @@ def main() -> None:
     ap.add_argument("--per-checkpoint", type=int, default=4, help="M continuations per checkpoint")
     ap.add_argument("--max-turns", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--game", default="coin", help="TWX game (coin, cookingworld, ...)")
+    ap.add_argument(
+        "--history-turns", type=int, default=2, help="prompt.history_turns (large: append-only)"
+    )
+    ap.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions; medians are reported")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     torch.manual_seed(0)
     if not (args.model / "config.json").exists():
         init_tiny(args.model, "1m")
     policy = load_policy(str(args.model))
-    gen = HFGenerator(policy, max_new_tokens=args.max_new_tokens, max_context=1024)
     n_root = args.groups * args.k
-    n_cont = n_root * args.budget * args.per_checkpoint
-    starts = [Start(f"coin/{100 + g}", group=g) for g in range(args.groups) for _ in range(args.k)]
-    with EnvPool("twx", max(n_root, n_cont)) as pool:
-        runner = RolloutRunner(pool, gen, PromptFormat(), max_turns=args.max_turns)
-        runner.run(starts[:2], seed=99)  # warm-up: JIT, JVM, allocator
-        runner.env_steps = runner.generated_tokens = 0
-        t0 = time.perf_counter()
-        roots = runner.run(starts, seed=1)
-        t_root = time.perf_counter() - t0
-        root_steps, root_tokens = runner.env_steps, runner.generated_tokens
-        t0 = time.perf_counter()
-        cont = run_continuations(
-            runner, roots, "leave-one-out", args.budget, args.per_checkpoint, 15, seed=2
-        )
-        t_cont = time.perf_counter() - t0
-        cont_tokens = runner.generated_tokens - root_tokens
-    res = {
-        "root_trajectories": n_root,
-        "continuations": len(cont.episodes),
-        "root_interactions": root_steps,
-        "continuation_interactions": cont.interactions,
-        "replay_steps": cont.replay_steps,
-        "root_s": t_root,
-        "continuation_s": t_cont,
-        "root_tokens_per_s": root_tokens / t_root,
-        "root_steps_per_s": root_steps / t_root,
-        "continuation_tokens_per_s": cont_tokens / t_cont,
-        "continuation_steps_per_s": cont.interactions / t_cont,
-        "cost_per_interaction_ratio": (t_cont / max(cont.interactions, 1)) / (t_root / root_steps),
-        "interaction_ratio": (root_steps + cont.interactions) / root_steps,
-        "wall_clock_ratio": (t_root + t_cont) / t_root,
-    }
+    with EnvPool("twx", max(n_root, n_root * args.budget * args.per_checkpoint)) as pool:
+        warm = RolloutRunner(pool, _backend(policy, args), PromptFormat(), max_turns=3)
+        warm.run([Start(f"{args.game}/{100}")] * 2, seed=99)  # warm-up: JIT, JVM, allocator
+        rows = [one_rep(policy, pool, args) for _ in range(args.reps)]
+    res = medians(rows)
+    res["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if args.json:
-        print(json.dumps(res, indent=1))
+        print(json.dumps({"median": res, "reps": rows}, indent=1))
         return
+    _print(res, args)
+
+
+def _print(res: dict[str, Any], args: argparse.Namespace) -> None:
     print(
-        f"root: {n_root} trajectories, {root_steps} interactions in {t_root:.1f} s "
-        f"({res['root_steps_per_s']:.1f} steps/s, {res['root_tokens_per_s']:.0f} tokens/s)"
+        f"medians of {args.reps} repetitions ({args.game}, history_turns={args.history_turns}, "
+        f"prefix reuse {'on' if args.prefix_reuse else 'off'})"
     )
     print(
-        f"continuations: {len(cont.episodes)} ({args.budget}x{args.per_checkpoint}), "
-        f"{cont.interactions} interactions (+{cont.replay_steps} replay steps) in {t_cont:.1f} s "
-        f"({res['continuation_steps_per_s']:.1f} steps/s, "
+        f"root: {res['root_trajectories']} trajectories, {res['root_interactions']} interactions "
+        f"in {res['root_s']:.1f} s ({res['root_steps_per_s']:.1f} steps/s, "
+        f"{res['root_tokens_per_s']:.0f} tokens/s)"
+    )
+    print(
+        f"continuations: {res['continuations']} ({args.budget}x{args.per_checkpoint}), "
+        f"{res['continuation_interactions']} interactions (+{res['replay_steps']} replay steps) "
+        f"in {res['continuation_s']:.1f} s ({res['continuation_steps_per_s']:.1f} steps/s, "
         f"{res['continuation_tokens_per_s']:.0f} tokens/s)"
     )
     print(
+        f"all: {res['generated_tokens_per_s']:.0f} generated tokens/s, "
+        f"{res['s_per_interaction'] * 1000:.1f} ms per interaction"
+    )
+    if res["prompt_tokens"] is not None:
+        print(
+            f"prompt tokens {res['prompt_tokens']}: {res['prefill_tokens']} prefilled, "
+            f"{res['reused_tokens']} reused ({res['reused_tokens'] / res['prompt_tokens']:.0%})"
+        )
+    print(
         f"cost of a continuation interaction / a root one: {res['cost_per_interaction_ratio']:.2f} "
-        "(target <= 1)"
+        "(target <= 0.5)"
     )
     print(
         f"wall-clock ratio {res['wall_clock_ratio']:.2f}x vs interaction ratio "
         f"{res['interaction_ratio']:.2f}x (target: below)"
     )
+    print(f"peak RSS {res['peak_rss_mib']:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -1,17 +1,26 @@
 """Seconds per training step by phase (rollout, continuations, value, teacher, update) for grpo,
 serl-repro and factor on the smoke preset (tiny model, TWX coin, CPU).
 
-    .venv/bin/python benchmarks/train.py [--methods grpo,serl-repro,factor] [--steps 2] [--json]
+    .venv/bin/python benchmarks/train.py [--methods grpo,serl-repro,factor] [--steps 4]
+        [--set rollout.prefix_reuse=false] [--json]
 
-Each method trains ``--steps`` steps from the same model; the last step is reported (the first
-includes one-off costs such as the value-head warm-up).
+Each method trains ``--steps`` steps from the same model; the first step is left out (it
+includes one-off costs such as the value-head warm-up) and the medians of the others are
+reported, with the interactions and generated tokens of each step: raw step times are noisy
+because each method's (and each step's) episodes differ, so compare seconds per interaction
+(``s_per_interaction``) and, between methods at equal root work, seconds per root interaction
+(``s_per_root_interaction``). ``--json`` prints the medians and every step's row. Runs against
+older checkouts too (their backend has no prefix-reuse counters: those read as None).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
+import statistics
 import time
+from typing import Any
 
 from factor_cli.train.config import load_config
 from factor_cli.train.run import warm_start
@@ -20,45 +29,86 @@ from factor_cli.train.trainer import Trainer
 PHASES = ("rollout", "continuations", "value", "teacher", "update")
 
 
+def _reused(trainer: Trainer) -> int | None:
+    return getattr(trainer.generator, "reused_tokens", None)
+
+
+def method_rows(method: str, steps: int, overrides: list[str]) -> list[dict[str, Any]]:
+    """One row per training step of ``method``: seconds by phase, interactions, tokens."""
+    cfg = load_config("smoke", [f"method={method}", *overrides])
+    model = warm_start(cfg, lambda *a: None, lambda s: None)
+    trainer = Trainer(cfg, model)
+    rows = []
+    try:
+        for _ in range(steps):
+            tokens0, reused0 = trainer.runner.generated_tokens, _reused(trainer)
+            t0 = time.perf_counter()
+            m = trainer.train_step().metrics
+            total = time.perf_counter() - t0
+            reused = _reused(trainer)
+            root, cont = m["root_interactions"], m["continuation_interactions"]
+            rows.append(
+                {
+                    "method": method,
+                    "step_s": total,
+                    **{p: m.get(f"time_{p}", 0.0) for p in PHASES},
+                    "root_interactions": root,
+                    "continuation_interactions": cont,
+                    "interactions": root + cont,
+                    "generated_tokens": trainer.runner.generated_tokens - tokens0,
+                    "reused_prefill_tokens": None if reused is None else reused - (reused0 or 0),
+                    "s_per_interaction": total / max(root + cont, 1),
+                    "s_per_root_interaction": total / max(root, 1),
+                    "generation_s_per_interaction": (
+                        m.get("time_rollout", 0.0) + m.get("time_continuations", 0.0)
+                    )
+                    / max(root + cont, 1),
+                }
+            )
+    finally:
+        trainer.close()
+    return rows
+
+
+def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Field-wise medians over the steps after the first."""
+    kept = rows[1:] or rows
+    out: dict[str, Any] = {"method": rows[0]["method"], "steps": len(kept)}
+    for key, val in rows[0].items():
+        if key == "method":
+            continue
+        vals = [r[key] for r in kept]
+        out[key] = None if val is None else statistics.median(vals)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--methods", default="grpo,serl-repro,factor")
-    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=4, help="steps per method (the first is left out)")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    rows = []
-    for method in args.methods.split(","):
-        cfg = load_config("smoke", [f"method={method}", *args.overrides])
-        model = warm_start(cfg, lambda *a: None, lambda s: None)
-        trainer = Trainer(cfg, model)
-        try:
-            for _ in range(args.steps):
-                t0 = time.perf_counter()
-                m = trainer.train_step().metrics
-                total = time.perf_counter() - t0
-        finally:
-            trainer.close()
-        rows.append(
-            {
-                "method": method,
-                "step_s": total,
-                **{p: m.get(f"time_{p}", 0.0) for p in PHASES},
-                "interactions": m["root_interactions"] + m["continuation_interactions"],
-            }
-        )
+    per_step = {m: method_rows(m, args.steps, args.overrides) for m in args.methods.split(",")}
+    medians = [median_row(rows) for rows in per_step.values()]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"median": medians, "steps": per_step, "peak_rss_mib": peak}, indent=1))
         return
     print(
-        f"{'method':12s} {'step':>7s} " + " ".join(f"{p:>13s}" for p in PHASES) + "  interactions"
+        f"{'method':12s} {'step':>7s} "
+        + " ".join(f"{p:>13s}" for p in PHASES)
+        + "  root+cont interactions  s/interaction  s/root interaction  tokens"
     )
-    for r in rows:
+    for r in medians:
         print(
             f"{r['method']:12s} {r['step_s']:6.1f}s "
             + " ".join(f"{r[p]:12.1f}s" for p in PHASES)
-            + f"  {r['interactions']:.0f}"
+            + f"  {r['root_interactions']:.0f}+{r['continuation_interactions']:.0f}"
+            + f"  {r['s_per_interaction']:.4f}  {r['s_per_root_interaction']:.4f}"
+            + f"  {r['generated_tokens']:.0f}"
         )
+    print(f"medians over {medians[0]['steps']} steps per method; peak RSS {peak:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -136,6 +136,13 @@ class RolloutConfig(Strict):
         "trie; log-probs under the constrained distribution). It changes the task: runs are "
         "tagged decoding=constrained.",
     )
+    prefix_reuse: bool = Field(
+        True,
+        description="Reuse the KV of prompt prefixes already encoded (earlier turns, sibling "
+        "trajectories, a continuation's root): hf keeps a bounded prefix cache, vllm turns on "
+        "automatic prefix caching. Same replies and log-probs (within float rounding) as off; "
+        "off is for comparison.",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -553,7 +553,10 @@ def _greedy_items(
 
     policy = load_policy(str(model_dir), cfg.model.dtype, cfg.model.device)
     gen = BACKENDS.get(cfg.rollout.backend)(
-        policy, max_new_tokens=cfg.rollout.max_new_tokens, max_context=cfg.rollout.max_context
+        policy,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        max_context=cfg.rollout.max_context,
+        prefix_reuse=cfg.rollout.prefix_reuse,
     )
     try:
         return evaluate(

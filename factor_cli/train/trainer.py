@@ -129,6 +129,7 @@ class Trainer:
             self.policy,
             max_new_tokens=cfg.rollout.max_new_tokens,
             max_context=cfg.rollout.max_context,
+            prefix_reuse=cfg.rollout.prefix_reuse,
         )
         self.pad_id = self.generator.pad_id
         self.fmt = prompt_format(cfg)
@@ -349,6 +350,8 @@ class Trainer:
         if self.generator.copies_weights:
             with self.engine.full_parameters() as module:
                 self.generator.refresh(module)
+        else:  # the same module, new weights: hf drops its prefix KV cache (stale now)
+            self.generator.refresh()
         self.step = k
         dev = coefficient_deviation(credit.weight, rb.batch.action_index, rb.batch.num_actions)
         outcomes = [e.outcome.outcome for e in roots if e.outcome]

@@ -64,7 +64,7 @@ def test_registered_under_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
         policy, max_new_tokens=8, max_context=64, batch_size=4, enforce_eager=True
     )
     assert out == "built"
-    assert calls == [((policy, 8, 64, 4), {"enforce_eager": True})]
+    assert calls == [((policy, 8, 64, 4), {"prefix_reuse": True, "enforce_eager": True})]
 
 
 def test_weights_pack_round_trip() -> None:
@@ -90,6 +90,12 @@ def test_missing_vllm_is_one_clear_error() -> None:
 def test_rejects_bad_limits() -> None:
     with pytest.raises(ValueError, match="must be < max_context"):
         VLLMGenerator(object(), max_new_tokens=64, max_context=64)
+
+
+def test_prefix_caching_has_one_switch() -> None:
+    """``rollout.prefix_reuse`` is the one switch: the engine option itself is refused."""
+    with pytest.raises(ValueError, match=r"pass prefix_reuse .* instead of the engine option"):
+        VLLMGenerator(object(), enable_prefix_caching=False)
 
 
 # -- with vLLM ---------------------------------------------------------------------------------
@@ -203,6 +209,11 @@ def test_seed_means_seed_plus_i(engine: VLLMGenerator) -> None:
 
 @needs_vllm
 @needs_twx
+def test_prefix_reuse_is_automatic_prefix_caching(engine: VLLMGenerator) -> None:
+    assert engine.prefix_reuse
+    assert engine.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is True
+
+
 def test_engine_satisfies_the_protocol(engine: VLLMGenerator) -> None:
     assert isinstance(engine, GenerationBackend)
     assert engine.copies_weights is True  # the trainer reloads its weights after each update

@@ -4,7 +4,9 @@
   (the one home of the default ``max_new_tokens`` / ``max_context``), the meaning of ``seed=``,
   and the prompt encoding all backends share (standard library only);
 - :mod:`.backends`: ``BACKENDS``, factories by name, and ``BACKEND_NAMES`` (no torch);
-- :mod:`.hf`: the ``hf`` backend (Hugging Face ``generate``);
+- :mod:`.hf`: the ``hf`` backend (Hugging Face ``generate``, prefix KV reuse across calls);
+- :mod:`.prefix_cache`: the bounded radix-tree cache of prompt-prefix KV the ``hf`` backend
+  reuses (pure torch);
 - :mod:`.vllm`: the ``vllm`` backend (vLLM's offline engine; vLLM itself is optional and is
   imported only when such a backend is built);
 - :mod:`.scoring`: teacher-forced log-prob re-scoring (:func:`score_replies`);
@@ -12,8 +14,9 @@
   the constrained log-probs both backends and the scorer share).
 
 The modules import downward only (``backends`` -> ``hf`` / ``vllm`` -> ``scoring`` ->
-``constrained``, ``base``), lazily where torch or vLLM would load. Public names are re-exported
-here lazily too, so importing this package costs nothing until a name is used.
+``constrained``, ``prefix_cache``, ``base``), lazily where torch or vLLM would load. Public
+names are re-exported here lazily too, so importing this package costs nothing until a name is
+used.
 """
 
 from __future__ import annotations

@@ -20,8 +20,10 @@ if TYPE_CHECKING:
 
 
 class BackendFactory(Protocol):
-    """Build a backend for ``policy`` under the given limits; ``options`` are the backend's own
-    (e.g. vLLM engine options); a backend that takes none refuses any."""
+    """Build a backend for ``policy`` under the given limits; ``prefix_reuse``
+    (``rollout.prefix_reuse``) keeps the KV of prompt prefixes already encoded (hf: its own
+    prefix cache; vLLM: automatic prefix caching); ``options`` are the backend's own (e.g. vLLM
+    engine options); a backend that takes none refuses any."""
 
     def __call__(
         self,
@@ -30,6 +32,7 @@ class BackendFactory(Protocol):
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         max_context: int = DEFAULT_MAX_CONTEXT,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        prefix_reuse: bool = True,
         **options: Any,
     ) -> GenerationBackend: ...
 
@@ -44,6 +47,7 @@ def hf_backend(
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     max_context: int = DEFAULT_MAX_CONTEXT,
     batch_size: int = DEFAULT_BATCH_SIZE,
+    prefix_reuse: bool = True,
     **options: Any,
 ) -> GenerationBackend:
     """:class:`~factor_cli.policy.generation.hf.HFGenerator` (no options)."""
@@ -51,7 +55,7 @@ def hf_backend(
         raise ValueError(f"the hf generation backend takes no options, got: {', '.join(options)}")
     from .hf import HFGenerator
 
-    return HFGenerator(policy, max_new_tokens, max_context, batch_size)
+    return HFGenerator(policy, max_new_tokens, max_context, batch_size, prefix_reuse)
 
 
 @BACKENDS.register("vllm")
@@ -61,13 +65,16 @@ def vllm_backend(
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     max_context: int = DEFAULT_MAX_CONTEXT,
     batch_size: int = DEFAULT_BATCH_SIZE,
+    prefix_reuse: bool = True,
     **options: Any,
 ) -> GenerationBackend:
     """:class:`~factor_cli.policy.generation.vllm.VLLMGenerator`; ``options`` are its
     ``rescore`` flag and ``vllm.LLM`` engine options."""
     from .vllm import VLLMGenerator
 
-    return VLLMGenerator(policy, max_new_tokens, max_context, batch_size, **options)
+    return VLLMGenerator(
+        policy, max_new_tokens, max_context, batch_size, prefix_reuse=prefix_reuse, **options
+    )
 
 
 BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS.names())

