@@ -214,6 +214,8 @@ def test_prefix_reuse_is_automatic_prefix_caching(engine: VLLMGenerator) -> None
     assert engine.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is True
 
 
+@needs_vllm
+@needs_twx
 def test_engine_satisfies_the_protocol(engine: VLLMGenerator) -> None:
     assert isinstance(engine, GenerationBackend)
     assert engine.copies_weights is True  # the trainer reloads its weights after each update
