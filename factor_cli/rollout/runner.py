@@ -157,6 +157,7 @@ class RolloutRunner:
         self.env_steps = 0
         self.replay_steps = 0
         self.generated_tokens = 0
+        self._action_tokens: dict[str, int] = {}
 
     def run(
         self,
@@ -291,7 +292,12 @@ class RolloutRunner:
         return shown, (every or None) if self.constrain else None
 
     def _count_tokens(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False))
+        # Every turn of every episode lists mostly the same actions: encode each once.
+        n = self._action_tokens.get(text)
+        if n is None:
+            n = len(self.tokenizer.encode(text, add_special_tokens=False))
+            self._action_tokens[text] = n
+        return n
 
     def _advance(self, slot: int, ep: Episode, g: Generation, admissible: list[str]) -> None:
         # Offsets and the action both come from the decode that keeps special tokens, so the
