@@ -20,6 +20,8 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from factor_cli.interrupts import caused_by_interrupt
+
 console = Console()
 err_console = Console(stderr=True)
 
@@ -68,22 +70,6 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
     from factor_cli.envs.base import EnvError  # light: no Java or engine is started
 
     return (UserError, ValueError, OSError, EnvError, UnicodeDecodeError)
-
-
-def caused_by_interrupt(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised while handling a Ctrl-C (anywhere in its context chain).
-
-    Libraries sometimes fail in their own KeyboardInterrupt handler (py4j 0.10.9 calls a method
-    its connection class lacks), turning Ctrl-C into an unrelated error.
-    """
-    seen: set[int] = set()
-    node: BaseException | None = exc
-    while node is not None and id(node) not in seen:
-        if isinstance(node, KeyboardInterrupt):
-            return True
-        seen.add(id(node))
-        node = node.__cause__ or node.__context__
-    return False
 
 
 def run_app(app: Callable[[], object]) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from ..interrupts import interrupt_in
 from .base import EnvCrashed, EnvError, Environment, Step
 from .registry import make_env
 
@@ -79,6 +80,9 @@ class EnvPool:
         except EnvError:
             raise
         except Exception as exc:  # anything else from an engine means it is no longer usable
+            interrupt = interrupt_in(exc)
+            if interrupt is not None:  # Ctrl-C that the engine's client library mangled
+                raise type(interrupt)(*interrupt.args) from exc
             crash = Crash(
                 slot, env.instance_id, f"{type(exc).__name__}: {exc}".splitlines()[0], time.time()
             )

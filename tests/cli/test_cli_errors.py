@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from factor_cli.cli.common import caused_by_interrupt, error_line
+from factor_cli.cli.common import error_line
 from factor_cli.cli.main import app
 from factor_cli.envs import availability
+from factor_cli.interrupts import caused_by_interrupt
 
 runner = CliRunner()
 FACTOR = [sys.executable, "-m", "factor_cli"]

@@ -126,6 +126,33 @@ def test_pool_survives_a_killed_jvm() -> None:
         assert pool.step(0, "look around").observation
 
 
+class _ManglesCtrlC:
+    """An engine client that fails inside its own Ctrl-C handler, as py4j 0.10.9 does."""
+
+    instance_id = "coin/3"
+
+    def step(self, action: str):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise AttributeError("'ClientServerConnection' has no attribute 'shutdown'")  # noqa: B904
+
+    def close(self) -> None:
+        pass
+
+
+def test_pool_hands_back_a_mangled_ctrl_c_as_the_interrupt(monkeypatch) -> None:
+    """Ctrl-C during an engine call must stop the run, not count as a crash that loses the
+    episode (which ended a Ctrl-C'd training run with "every episode was lost", exit 1)."""
+    import factor_cli.envs.pool as pool_mod
+
+    monkeypatch.setattr(pool_mod, "make_env", lambda name, **kw: _ManglesCtrlC())
+    with EnvPool("twx", 1) as pool:
+        with pytest.raises(KeyboardInterrupt):
+            pool.step(0, "look around")
+        assert pool.crashes == []
+
+
 @pytest.fixture(scope="module")
 def sw():
     env = make_env("scienceworld")
