@@ -18,15 +18,29 @@ def synthetic_batch(
     prompt_len: int = 10,
     reply_len: int = 6,
     seed: int = 1,
+    shared: bool = True,
 ) -> RolloutBatch:
     """``n_traj`` trajectories of ``per`` actions each, in groups of two with outcomes 1, 0, ...;
     each reply's first and last two tokens are non-action tokens; behaviour log-probs are the
-    model's own minus 0.05, so the first update is off-policy by a known margin."""
+    model's own minus 0.05, so the first update is off-policy by a known margin. ``shared``:
+    the prompts share prefixes as a real batch's do (a common head, and each turn's prompt
+    extends its trajectory's previous one), so shared-prefix forwards have something to share."""
     g = torch.Generator().manual_seed(seed)
     vocab = int(model.config.vocab_size)  # type: ignore[union-attr]
     n = n_traj * per
-    prompts = [torch.randint(5, vocab, (prompt_len,), generator=g).tolist() for _ in range(n)]
     replies = [torch.randint(5, vocab, (reply_len,), generator=g).tolist() for _ in range(n)]
+    if shared:  # a common head; each later turn's prompt extends the one before
+        head = torch.randint(5, vocab, (prompt_len // 2,), generator=g).tolist()
+        prompts = []
+        for i in range(n):
+            if i % per == 0:
+                tail = prompt_len - len(head)
+                prompts.append(head + torch.randint(5, vocab, (tail,), generator=g).tolist())
+            else:
+                feedback = torch.randint(5, vocab, (2,), generator=g).tolist()
+                prompts.append(prompts[-1] + replies[i - 1] + feedback)
+    else:
+        prompts = [torch.randint(5, vocab, (prompt_len,), generator=g).tolist() for _ in range(n)]
     masks = [[1 <= j < reply_len - 2 for j in range(reply_len)] for _ in replies]
     n_act_tok = sum(masks[0])
     sc = score_replies(model, prompts, replies, 1.0, 0)

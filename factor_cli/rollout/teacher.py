@@ -67,6 +67,7 @@ def teacher_logprobs(
     encode: Callable[[Sequence[str]], list[Encoded]],
     temperature: float = 1.0,
     batch_size: int = 32,
+    share_prefixes: bool = False,
 ) -> list[list[float]]:
     """Per action (packing order), the teacher log-prob of every reply token.
 
@@ -87,6 +88,7 @@ def teacher_logprobs(
             temperature=temperature,
             pad_id=int(pad),
             allowed=allowed[lo : lo + batch_size],
+            share_prefixes=share_prefixes,
         )
         out += [lp.tolist() for lp in sc.logprobs]
     return out

@@ -21,14 +21,26 @@ from .runner import Episode
 
 @torch.no_grad()
 def boundary_features(
-    model: torch.nn.Module, prompts: Sequence[Sequence[int]], pad_id: int, batch_size: int = 32
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    pad_id: int,
+    batch_size: int = 32,
+    share_prefixes: bool = False,
 ) -> torch.Tensor:
-    """Last-layer hidden state at the last prompt token of each prompt, [N, H] (detached)."""
+    """Last-layer hidden state at the last prompt token of each prompt, [N, H] (detached);
+    ``share_prefixes``: each batch's shared prefixes encoded once (the same features)."""
     feats = []
     for lo in range(0, len(prompts), batch_size):
         chunk = [list(p) for p in prompts[lo : lo + batch_size]]
         # An empty reply scores nothing; only the boundary hidden state is wanted.
-        sc = score_replies(model, chunk, [[] for _ in chunk], pad_id=pad_id, return_hidden=True)
+        sc = score_replies(
+            model,
+            chunk,
+            [[] for _ in chunk],
+            pad_id=pad_id,
+            return_hidden=True,
+            share_prefixes=share_prefixes,
+        )
         feats.append(sc.boundary_hidden.float().cpu())  # type: ignore[union-attr]
     return torch.cat(feats) if feats else torch.zeros(0)
 
@@ -39,11 +51,12 @@ def root_values(
     episodes: Sequence[Episode],
     pad_id: int,
     batch_size: int = 32,
+    share_prefixes: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(V_target(x_t) [N_act], features [N_act, H]) for every turn of every root episode, in
     packing order. The first action's value is unused by TAC (V~(x_0) is the convention's)."""
     prompts = [t.prompt_ids for ep in episodes for t in ep.turns]
-    feats = boundary_features(model, prompts, pad_id, batch_size)
+    feats = boundary_features(model, prompts, pad_id, batch_size, share_prefixes)
     return heads.values(feats), feats
 
 

@@ -140,8 +140,9 @@ class RolloutConfig(Strict):
         True,
         description="Reuse the KV of prompt prefixes already encoded (earlier turns, sibling "
         "trajectories, a continuation's root): hf keeps a bounded prefix cache, vllm turns on "
-        "automatic prefix caching. Same replies and log-probs (within float rounding) as off; "
-        "off is for comparison.",
+        "automatic prefix caching; the teacher's and the value head's scoring passes encode "
+        "each shared prefix of a batch once. Same replies and log-probs (within float "
+        "rounding) as off; off is for comparison.",
     )
 
     @model_validator(mode="before")
@@ -266,6 +267,13 @@ class OptimConfig(Strict):
     micro_batch_actions: int = Field(64, ge=1, description="Actions per forward pass.")
     clip_eps: float = Field(PPO_CLIP_EPS, gt=0, description="PPO clip epsilon.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip.")
+    share_prefixes: bool = Field(
+        True,
+        description="Encode each prompt prefix that a micro-batch's actions share (system text, "
+        "task, earlier turns) once, through the micro-batch's radix tree, and order each "
+        "mini-batch's actions by trajectory so micro-batches share most. Same loss and gradients "
+        "(within float rounding) as off; off is for comparison.",
+    )
 
 
 class CriticConfig(Strict):

@@ -198,7 +198,13 @@ class Trainer:
             self._values = None
             return {}
         # Features once; V_target is read after this step's value update and EMA.
-        _, feats = root_values(self.policy.model, self.heads, roots, self.pad_id)
+        _, feats = root_values(
+            self.policy.model,
+            self.heads,
+            roots,
+            self.pad_id,
+            share_prefixes=self.cfg.rollout.prefix_reuse,
+        )
         out: dict[str, float] = {}
         if cont is not None and cont.episodes:
             x, y = continuation_targets(feats, roots, cont)
@@ -269,6 +275,7 @@ class Trainer:
             roots,
             self.generator.encode,
             self.cfg.rollout.temperature,
+            share_prefixes=self.cfg.rollout.prefix_reuse,
         )
 
     def phase_credit(self, k: int, rb: RolloutBatch) -> CreditAssignment:

@@ -198,6 +198,8 @@ def minibatch_step(ctx: UpdateContext, actions: Sequence[int]) -> UpdateStats:
     norm = normalizers(ctx, actions)
     if ctx.credit.whiten:
         ctx = whitened(ctx, actions)
+    if optim.share_prefixes:  # packing order: a trajectory's turns, then its group's, adjacent
+        actions = sorted(actions)
     micro = micro_batches(actions, engine.rank, engine.world_size, optim.micro_batch_actions)
     out = UpdateStats()
     for m, acts in enumerate(micro):
@@ -292,6 +294,7 @@ def gather(ctx: UpdateContext, acts: Sequence[int]) -> MicroInputs:
         with_grad=True,
         return_logits=ctx.with_kl,
         allowed=_allowed(rb, acts),
+        share_prefixes=ctx.cfg.optim.share_prefixes,
     )
     logp, logp_old, coef, index, na_new, na_old, na_traj, student = [], [], [], [], [], [], [], []
     for local, (a, lp) in enumerate(zip(acts, sc.logprobs)):
@@ -347,6 +350,7 @@ def _teacher_logits(ctx: UpdateContext, acts: Sequence[int], dev: torch.device) 
         ctx.pad_id,
         return_logits=True,
         allowed=_allowed(rb, acts),
+        share_prefixes=ctx.cfg.optim.share_prefixes,
     )
     return torch.cat(
         [z[torch.tensor(rb.action_masks[a], device=dev)] for z, a in zip(tsc.logits, acts)]

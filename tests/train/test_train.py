@@ -191,8 +191,10 @@ def test_sigkill_then_resume_matches_uninterrupted(tiny_model_dir: Path, tmp_pat
 @pytest.mark.parametrize("zero_stage", [0, 2, 3])
 def test_micro_batching_never_changes_the_update(tiny_model_dir: Path, zero_stage: int) -> None:
     """Any split of a mini-batch into micro-batches gives the one-micro-batch update, at every
-    ZeRO stage. (ZeRO-3 once kept only the last micro-batch's gradient: forward passes that
-    bypass DeepSpeed's forward never told it that a new micro-batch began.)"""
+    ZeRO stage, and the shared-prefix forward (``optim.share_prefixes``, several forwards per
+    micro-batch) gives the padded forward's. (ZeRO-3 once kept only the last micro-batch's
+    gradient: forward passes that bypass DeepSpeed's forward never told it that a new
+    micro-batch began.)"""
     import torch
     from synthetic import synthetic_batch
 
@@ -202,12 +204,13 @@ def test_micro_batching_never_changes_the_update(tiny_model_dir: Path, zero_stag
     from factor_cli.train.update import ppo_update
 
     runs = {}
-    for micro in (3, 100):
+    for micro, share in ((3, True), (100, True), (100, False)):
         cfg = load_config(
             "smoke",
             [
                 f"engine.zero_stage={zero_stage}",
                 f"optim.micro_batch_actions={micro}",
+                f"optim.share_prefixes={str(share).lower()}",
                 "optim.lr=1e-3",
                 "optim.minibatches=1",
             ],
@@ -222,12 +225,14 @@ def test_micro_batching_never_changes_the_update(tiny_model_dir: Path, zero_stag
         ]
         with engine.full_parameters() as module:
             weights = torch.cat([p.detach().flatten().clone() for p in module.parameters()])
-        runs[micro] = (losses, weights)
-    (l3, w3), (l100, w100) = runs[3], runs[100]
-    assert l3 == pytest.approx(l100, abs=1e-6)
-    # Adam divides by sqrt(v): float noise on near-zero gradients moves a weight by ~1e-6 of
-    # the ~3e-3 each step moves it; a lost micro-batch changes the losses themselves.
-    assert float((w3 - w100).abs().max()) < 1e-4
+        runs[micro, share] = (losses, weights)
+    l100, w100 = runs[100, True]
+    for other in ((3, True), (100, False)):
+        lo, wo = runs[other]
+        assert lo == pytest.approx(l100, abs=1e-6), other
+        # Adam divides by sqrt(v): float noise on near-zero gradients moves a weight by ~1e-6
+        # of the ~3e-3 each step moves it; a lost micro-batch changes the losses themselves.
+        assert float((wo - w100).abs().max()) < 1e-4, other
 
 
 def _dp_results(model: Path, tmp: Path, flags: list[str]) -> dict[int, dict[str, float]]:

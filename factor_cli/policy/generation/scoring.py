@@ -62,14 +62,31 @@ def score_replies(
     return_hidden: bool = False,
     return_logits: bool = False,
     allowed: Sequence[Sequence[Sequence[int]] | None] | None = None,
+    share_prefixes: bool = False,
 ) -> Scores:
-    """Teacher-forced log-probs of ``replies[i]`` after ``prompts[i]``, one right-padded forward.
+    """Teacher-forced log-probs of ``replies[i]`` after ``prompts[i]``, one right-padded forward
+    (``share_prefixes``: through the batch's radix tree instead, each shared prefix encoded
+    once, :mod:`.shared_prefix`; the same outputs up to float rounding).
 
     ``allowed[i]``: reply i's allowed token ids per position (valid-action decoding), or None
     (free); the log-probs (and logits) of a constrained reply are renormalised over them.
     """
     if allowed is not None and len(allowed) != len(replies):
         raise ValueError(f"allowed has {len(allowed)} entries for {len(replies)} replies")
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token (its last one predicts the reply)")
+    if share_prefixes:
+        return _score_tree(
+            model,
+            prompts,
+            replies,
+            temperature,
+            pad_id,
+            with_grad,
+            return_hidden,
+            return_logits,
+            allowed,
+        )
     ids, mask = right_padded(prompts, replies, pad_id)
     device = next(model.parameters()).device
     ctx = torch.enable_grad() if with_grad else torch.no_grad()
@@ -95,6 +112,50 @@ def score_replies(
         if return_hidden:
             last = torch.tensor([len(p) - 1 for p in prompts], device=device)
             hidden = out.hidden_states[-1][torch.arange(len(prompts), device=device), last].detach()
+    return Scores(
+        logprobs=logps, boundary_hidden=hidden, logits=all_logits if return_logits else None
+    )
+
+
+def _score_tree(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    replies: Sequence[Sequence[int]],
+    temperature: float,
+    pad_id: int,
+    with_grad: bool,
+    return_hidden: bool,
+    return_logits: bool,
+    allowed: Sequence[Sequence[Sequence[int]] | None] | None,
+) -> Scores:
+    """:func:`score_replies` through the batch's radix tree (``shared_prefix.forward_tree``)."""
+    from .shared_prefix import forward_tree
+
+    seqs = [list(p) + list(r) for p, r in zip(prompts, replies)]
+    logit_at = [range(len(p) - 1, len(p) - 1 + len(r)) for p, r in zip(prompts, replies)]
+    hidden_at = [[len(p) - 1] if return_hidden else [] for p in prompts]
+    device = next(model.parameters()).device
+    ctx = torch.enable_grad() if with_grad else torch.no_grad()
+    with ctx:
+        out = forward_tree(model, seqs, logit_at, hidden_at, pad_id)
+        vocab = next((z.shape[-1] for z in out.logits.values()), 0)
+        logps, all_logits = [], []
+        for i, r in enumerate(replies):
+            if r:
+                z = torch.stack([out.logits[(i, q)] for q in logit_at[i]]).float() / temperature
+            else:
+                z = torch.zeros((0, vocab), device=device)
+            sets = None if allowed is None else allowed[i]
+            if sets is not None:
+                z = constrained_logits(z, sets)
+            target = torch.tensor(list(r), dtype=torch.long, device=z.device)
+            logps.append(F.log_softmax(z, dim=-1).gather(-1, target[:, None]).squeeze(-1))
+            if return_logits:
+                all_logits.append(z)
+        hidden = None
+        if return_hidden:
+            hidden = torch.stack([out.hidden[(i, len(p) - 1)] for i, p in enumerate(prompts)])
+            hidden = hidden.detach()
     return Scores(
         logprobs=logps, boundary_hidden=hidden, logits=all_logits if return_logits else None
     )
