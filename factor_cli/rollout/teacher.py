@@ -19,10 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-import torch
-
 from factor_cli.policy.generation.base import Encoded
-from factor_cli.policy.generation.scoring import score_replies
+from factor_cli.policy.generation.scoring import Scorer
 from factor_cli.policy.prompting import PromptFormat, TurnView, render
 
 from .runner import Episode
@@ -58,37 +56,33 @@ def teacher_prompt_texts(
     ]
 
 
-@torch.no_grad()
 def teacher_logprobs(
-    model: torch.nn.Module,
+    score: Scorer,
     tokenizer: PreTrainedTokenizerBase,
     fmt: PromptFormat,
     episodes: Sequence[Episode],
     encode: Callable[[Sequence[str]], list[Encoded]],
     temperature: float = 1.0,
-    batch_size: int = 32,
-    share_prefixes: bool = False,
+    batch_size: int = 64,
 ) -> list[list[float]]:
     """Per action (packing order), the teacher log-prob of every reply token.
 
-    ``encode`` tokenizes and truncates prompts exactly as the generation backend did (its
+    ``score``: the scoring pass (:func:`~factor_cli.policy.generation.scoring.model_scorer`, or
+    the backend's cached one); ``encode`` tokenizes and truncates prompts exactly as the
+    generation backend did (its
     :meth:`~factor_cli.policy.generation.base.GenerationBackend.encode`).
     """
     texts = teacher_prompt_texts(fmt, tokenizer, episodes)
     replies = [t.reply_ids for ep in episodes for t in ep.turns]
     allowed = [t.allowed_ids for ep in episodes for t in ep.turns]
     prompts = [ids for ids, _ in encode(texts)]
-    pad = getattr(tokenizer, "pad_token_id", None) or 0
     out: list[list[float]] = []
     for lo in range(0, len(prompts), batch_size):
-        sc = score_replies(
-            model,
+        sc = score(
             prompts[lo : lo + batch_size],
             replies[lo : lo + batch_size],
-            temperature=temperature,
-            pad_id=int(pad),
-            allowed=allowed[lo : lo + batch_size],
-            share_prefixes=share_prefixes,
+            temperature,
+            allowed[lo : lo + batch_size],
         )
         out += [lp.tolist() for lp in sc.logprobs]
     return out

@@ -12,51 +12,37 @@ from collections.abc import Sequence
 
 import torch
 
-from factor_cli.policy.generation import score_replies
+from factor_cli.policy.generation.scoring import Scorer
 from factor_cli.policy.value_head import TargetValueHead
 
 from .continuations import ContinuationResult
 from .runner import Episode
 
 
-@torch.no_grad()
 def boundary_features(
-    model: torch.nn.Module,
-    prompts: Sequence[Sequence[int]],
-    pad_id: int,
-    batch_size: int = 32,
-    share_prefixes: bool = False,
+    score: Scorer, prompts: Sequence[Sequence[int]], batch_size: int = 64
 ) -> torch.Tensor:
     """Last-layer hidden state at the last prompt token of each prompt, [N, H] (detached);
-    ``share_prefixes``: each batch's shared prefixes encoded once (the same features)."""
+    ``score``: the scoring pass (a model's, or the backend's cached one)."""
     feats = []
     for lo in range(0, len(prompts), batch_size):
         chunk = [list(p) for p in prompts[lo : lo + batch_size]]
         # An empty reply scores nothing; only the boundary hidden state is wanted.
-        sc = score_replies(
-            model,
-            chunk,
-            [[] for _ in chunk],
-            pad_id=pad_id,
-            return_hidden=True,
-            share_prefixes=share_prefixes,
-        )
+        sc = score(chunk, [[] for _ in chunk], return_hidden=True)
         feats.append(sc.boundary_hidden.float().cpu())  # type: ignore[union-attr]
     return torch.cat(feats) if feats else torch.zeros(0)
 
 
 def root_values(
-    model: torch.nn.Module,
+    score: Scorer,
     heads: TargetValueHead,
     episodes: Sequence[Episode],
-    pad_id: int,
-    batch_size: int = 32,
-    share_prefixes: bool = False,
+    batch_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(V_target(x_t) [N_act], features [N_act, H]) for every turn of every root episode, in
     packing order. The first action's value is unused by TAC (V~(x_0) is the convention's)."""
     prompts = [t.prompt_ids for ep in episodes for t in ep.turns]
-    feats = boundary_features(model, prompts, pad_id, batch_size, share_prefixes)
+    feats = boundary_features(score, prompts, batch_size)
     return heads.values(feats), feats
 
 

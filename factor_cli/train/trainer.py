@@ -30,6 +30,7 @@ from factor_cli.credit import (
 )
 from factor_cli.envs.pool import EnvPool
 from factor_cli.policy.generation.backends import BACKENDS
+from factor_cli.policy.generation.scoring import Scorer, model_scorer
 from factor_cli.policy.model import Policy, init_tiny, load_policy
 from factor_cli.policy.value_head import (
     TargetValueHead,
@@ -198,13 +199,7 @@ class Trainer:
             self._values = None
             return {}
         # Features once; V_target is read after this step's value update and EMA.
-        _, feats = root_values(
-            self.policy.model,
-            self.heads,
-            roots,
-            self.pad_id,
-            share_prefixes=self.cfg.rollout.prefix_reuse,
-        )
+        _, feats = root_values(self._scorer(), self.heads, roots)
         out: dict[str, float] = {}
         if cont is not None and cont.episodes:
             x, y = continuation_targets(feats, roots, cont)
@@ -269,14 +264,21 @@ class Trainer:
         if not self.spec.uses_teacher:
             return None
         return teacher_logprobs(
-            self.policy.model,
+            self._scorer(),
             self.policy.tokenizer,
             self.fmt,
             roots,
             self.generator.encode,
             self.cfg.rollout.temperature,
-            share_prefixes=self.cfg.rollout.prefix_reuse,
         )
+
+    def _scorer(self) -> Scorer:
+        """The teacher's and the value head's scoring pass (no gradient, current weights):
+        with ``rollout.prefix_reuse`` the backend's, which starts from what the rollout
+        already encoded (hf: its prefix cache), else the plain padded forward."""
+        if self.cfg.rollout.prefix_reuse:
+            return self.generator.score
+        return model_scorer(self.policy.model, self.pad_id)
 
     def phase_credit(self, k: int, rb: RolloutBatch) -> CreditAssignment:
         """Token coefficients of the method at step k; the shuffled ablations draw from the

@@ -248,7 +248,7 @@ def test_teacher_differs_only_by_feedback(policy, gen: HFGenerator, roots) -> No
             assert block in teacher_texts[k]
             assert teacher_texts[k].replace(block, "", 1) == student
             k += 1
-    lt = teacher_logprobs(policy.model, tok, FMT, eps, gen.encode)
+    lt = teacher_logprobs(gen.score, tok, FMT, eps, gen.encode)
     student_lp = [t.logprobs for ep in eps for t in ep.turns]
     assert [len(x) for x in lt] == [len(x) for x in student_lp]
     assert any(abs(a - b) > 1e-4 for x, y in zip(lt, student_lp) for a, b in zip(x, y))
@@ -312,7 +312,7 @@ def test_continuations_counts_targets_and_restore(roots) -> None:
 
 def test_packed_batch_feeds_every_method(policy, gen: HFGenerator, roots) -> None:
     _, eps = roots
-    lt = teacher_logprobs(policy.model, policy.tokenizer, FMT, eps, gen.encode)
+    lt = teacher_logprobs(gen.score, policy.tokenizer, FMT, eps, gen.encode)
     n_act = sum(len(e.turns) for e in eps)
     rb = pack_episodes(eps, "leave-one-out", values=torch.rand(n_act), logp_teacher=lt)
     b = rb.batch
@@ -343,6 +343,37 @@ def test_scienceworld_rollout_and_restore(gen: HFGenerator) -> None:
             ]
 
 
+def test_cached_scoring_equals_the_model_forward(policy) -> None:
+    """The hf backend's scorer starts from its prefix cache (the rollout's prompts): the
+    teacher's log-probs and the value head's boundary states equal a plain forward's."""
+    from factor_cli.policy.generation.scoring import model_scorer
+    from factor_cli.rollout.values import boundary_features
+
+    own = HFGenerator(policy, max_new_tokens=16, max_context=1024, batch_size=7)
+    runner = RolloutRunner(EnvPool("twx", 8), own, FMT, max_turns=4)
+    played = runner.run([Start(f"coin/{40 + g}", group=g) for g in range(2) for _ in range(4)], 5)
+    runner.pool.close()
+    plain = model_scorer(policy.model, own.pad_id)
+    before = own.score_reused_tokens
+    got = teacher_logprobs(own.score, policy.tokenizer, FMT, played, own.encode)
+    want = teacher_logprobs(plain, policy.tokenizer, FMT, played, own.encode)
+    assert own.score_reused_tokens > before  # the student prompts' KV were reused
+    for a, b in zip(got, want):
+        assert a == pytest.approx(b, abs=1e-5)
+    prompts = [t.prompt_ids for ep in played for t in ep.turns]
+    torch.testing.assert_close(
+        boundary_features(own.score, prompts),
+        boundary_features(plain, prompts),
+        atol=1e-5,
+        rtol=1e-5,
+    )
+    # A prompt of which the cache holds only a short head.
+    fresh = [[*prompts[0][:5], 7, 8, 9]]
+    torch.testing.assert_close(
+        boundary_features(own.score, fresh), boundary_features(plain, fresh), atol=1e-5, rtol=1e-5
+    )
+
+
 def test_values_and_continuation_targets(policy, gen: HFGenerator, roots) -> None:
     from factor_cli.policy.value_head import TargetValueHead, ValueHead
     from factor_cli.rollout.values import boundary_features, continuation_targets, root_values
@@ -350,11 +381,11 @@ def test_values_and_continuation_targets(policy, gen: HFGenerator, roots) -> Non
     runner, eps = roots
     hidden = policy.model.config.hidden_size
     heads = TargetValueHead(ValueHead(hidden, 32))
-    values, feats = root_values(policy.model, heads, eps, gen.pad_id, batch_size=5)
+    values, feats = root_values(gen.score, heads, eps, batch_size=5)
     n_act = sum(len(e.turns) for e in eps)
     assert values.shape == (n_act,) and feats.shape == (n_act, hidden)
     # Batching does not change a feature: one prompt alone gives the same vector.
-    one = boundary_features(policy.model, [eps[0].turns[0].prompt_ids], gen.pad_id)
+    one = boundary_features(gen.score, [eps[0].turns[0].prompt_ids])
     torch.testing.assert_close(one[0], feats[0], atol=1e-5, rtol=1e-5)
     res = run_continuations(
         runner, eps, "leave-one-out", budget=2, per_checkpoint=2, horizon=2, seed=9

@@ -16,6 +16,7 @@ from factor_cli.credit.serl import action_kl
 from factor_cli.envs import availability
 from factor_cli.envs.pool import EnvPool
 from factor_cli.policy.generation.hf import HFGenerator
+from factor_cli.policy.generation.scoring import model_scorer
 from factor_cli.policy.prompting import PromptFormat
 from factor_cli.rollout.packing import pack_episodes
 from factor_cli.rollout.runner import Episode, RolloutRunner, Start
@@ -114,7 +115,8 @@ def test_teacher_is_renormalised_over_the_same_sets(policy, episodes: list[Episo
     def encode(texts):
         return [(policy.tokenizer.encode(t, add_special_tokens=False), False) for t in texts]
 
-    got = teacher_logprobs(policy.model, policy.tokenizer, FMT, episodes, encode, TEMPERATURE)
+    score = model_scorer(policy.model, int(policy.tokenizer.pad_token_id or 0))
+    got = teacher_logprobs(score, policy.tokenizer, FMT, episodes, encode, TEMPERATURE)
     texts = teacher_prompt_texts(FMT, policy.tokenizer, episodes)
     turns = [t for ep in episodes for t in ep.turns]
     for lp, text, turn in zip(got, texts, turns):

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from ..model import Policy
+    from .scoring import Scores
 
 DEFAULT_MAX_NEW_TOKENS = 512
 """Reply length limit (tokens) when none is given: room for reasoning plus one action."""
@@ -167,6 +168,20 @@ class GenerationBackend(Protocol):
         """(token ids, truncated?) of each prompt, exactly as :meth:`generate` feeds them."""
         ...
 
+    def score(
+        self,
+        prompts: Sequence[Sequence[int]],
+        replies: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        allowed: Sequence[Sequence[Sequence[int]] | None] | None = None,
+        return_hidden: bool = False,
+    ) -> Scores:
+        """Teacher-forced log-probs of ``replies[i]`` after ``prompts[i]`` (token ids) under the
+        trainer's current weights, no gradient, as :func:`.scoring.score_replies` computes them
+        (and the last-layer hidden state at each prompt's last token): the teacher's and the
+        value head's passes. A backend may start from KV it already holds (hf's prefix cache)."""
+        ...
+
     def generate(
         self,
         prompts: Sequence[str],
@@ -239,3 +254,19 @@ class TokenizedBackend:
     def encode(self, prompts: Sequence[str]) -> list[Encoded]:
         """Token ids of each prompt, middle-out truncated to ``max_context - max_new_tokens``."""
         return encode_prompts(self.tokenizer, prompts, self.limits)
+
+    def score(
+        self,
+        prompts: Sequence[Sequence[int]],
+        replies: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        allowed: Sequence[Sequence[Sequence[int]] | None] | None = None,
+        return_hidden: bool = False,
+    ) -> Scores:
+        """Teacher-forced scores under the trainer's model, no gradient (a
+        :class:`~.scoring.Scorer`): the radix-tree forward, each shared prefix encoded once."""
+        from .scoring import model_scorer
+
+        return model_scorer(self.model, self.pad_id, share_prefixes=True)(
+            prompts, replies, temperature, allowed, return_hidden
+        )

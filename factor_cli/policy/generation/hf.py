@@ -57,6 +57,7 @@ from .base import (
 )
 from .constrained import Allowed, TokenTrie, TrieBuilder, TrieLogitsMask, constrained_logprobs
 from .prefix_cache import Match, PrefixCache, kv_bytes_per_token
+from .scoring import Scores, model_scorer, reply_scores
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -107,6 +108,8 @@ class HFGenerator(TokenizedBackend):
         self.prefill_tokens = 0
         """Of those, the tokens whose KV the backend computed (the rest came from the cache, or
         from an identical prompt of the same batch): :attr:`reused_tokens` = the difference."""
+        self.score_reused_tokens = 0
+        """Tokens :meth:`score` took from the prefix cache instead of encoding them."""
         self._weights: tuple[int, int] | None = None
 
     @property
@@ -302,6 +305,86 @@ class HFGenerator(TokenizedBackend):
             layer.lazy_initialization(kv[0], kv[1])
             layer.keys, layer.values = kv[0], kv[1]
         return cache
+
+    # -- scoring from the prefix cache ---------------------------------------------------------
+    @torch.no_grad()
+    def score(
+        self,
+        prompts: Sequence[Sequence[int]],
+        replies: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        allowed: Sequence[Sequence[Sequence[int]] | None] | None = None,
+        return_hidden: bool = False,
+    ) -> Scores:
+        """:func:`.scoring.score_replies` (no gradient) that starts each sequence x + y from
+        the longest prefix of x[:-1] the prefix cache holds, so the teacher's prompts (the
+        student's prompt with the feedback block appended) and the value head's boundary
+        states (the rollout's own prompts) cost only what the rollout did not encode. Rows are
+        batched by how much they must compute, so one uncached row does not make a batch
+        recompute the others' stored tokens. Without prefix reuse: the radix-tree forward."""
+        if not self.prefix_reuse:
+            return model_scorer(self.model, self.pad_id, share_prefixes=True)(
+                prompts, replies, temperature, allowed, return_hidden
+            )
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token (its last one predicts it)")
+        self._check_weights()
+        found = [self.prefix_cache.match(p[:-1]) for p in prompts]
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) - found[i].length)
+        logps: list[Any] = [None] * len(prompts)
+        hidden: list[Any] = [None] * len(prompts)
+        for lo in range(0, len(order), self.batch_size):
+            rows = order[lo : lo + self.batch_size]
+            z, h = self._score_rows(
+                [list(prompts[i]) for i in rows],
+                [list(replies[i]) for i in rows],
+                [found[i] for i in rows],
+                return_hidden,
+            )
+            sets = None if allowed is None else [allowed[i] for i in rows]
+            lp, _ = reply_scores([x / temperature for x in z], [replies[i] for i in rows], sets)
+            for k, i in enumerate(rows):
+                logps[i] = lp[k]
+                hidden[i] = None if h is None else h[k]
+        return Scores(logps, torch.stack(hidden) if return_hidden else None, None)
+
+    def _score_rows(
+        self,
+        prompts: list[list[int]],
+        replies: list[list[int]],
+        found: list[Match],
+        return_hidden: bool,
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """Per row, the logits [G, V] that predict its reply (and the last-layer hidden state
+        at its last prompt token): one forward over the columns [c0, W) of the left-padded
+        sequences, on a cache holding each row's stored prefix for the columns before c0."""
+        device = next(self.model.parameters()).device
+        seqs = [p + r for p, r in zip(prompts, replies)]
+        ids, mask = _left_pad(seqs, self.pad_id)
+        width = ids.shape[1]
+        pads = [width - len(s) for s in seqs]
+        c0 = min(pad + m.length for pad, m in zip(pads, found))
+        past = self._stored_cache(found, pads, c0, device)
+        self.score_reused_tokens += sum(max(c0 - pad, 0) for pad in pads)
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)
+        # Row u's reply is predicted by columns [W - 1 - G_u, W - 1): the ends align.
+        need = max(len(r) for r in replies) + 1
+        out = self.model(
+            input_ids=ids[:, c0:].to(device),
+            attention_mask=mask.to(device),
+            position_ids=pos[:, c0:].to(device),
+            past_key_values=past,
+            use_cache=past is not None,
+            logits_to_keep=need,
+            output_hidden_states=return_hidden,
+        )
+        logits = out.logits.float()  # [B, need, V]: columns [W - need, W)
+        z = [logits[u, need - 1 - len(r) : need - 1] for u, r in enumerate(replies)]
+        h = None
+        if return_hidden:
+            cols = torch.tensor([width - 1 - len(r) - c0 for r in replies], device=device)
+            h = out.hidden_states[-1][torch.arange(len(seqs), device=device), cols]
+        return z, h
 
     def _generate_batch(
         self,

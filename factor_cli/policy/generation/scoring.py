@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +36,63 @@ class Scores:
     logits: list[torch.Tensor] | None
     """Per reply, the next-token logits (/ T) at each reply position, [G_i, V]; a constrained
     reply's are masked to its allowed sets (:data:`~.constrained.MASKED_LOGIT` elsewhere)."""
+
+
+def reply_scores(
+    logits: Sequence[torch.Tensor],
+    replies: Sequence[Sequence[int]],
+    allowed: Sequence[Sequence[Sequence[int]] | None] | None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(log pi(y_j) [G_i], logits [G_i, V]) of each reply from its logits / T [G_i, V] at the
+    positions that predict it; a constrained reply's are masked to ``allowed[i]`` first."""
+    logps, out = [], []
+    for i, (z, r) in enumerate(zip(logits, replies)):
+        sets = None if allowed is None else allowed[i]
+        if sets is not None:
+            z = constrained_logits(z, sets)
+        target = torch.tensor(list(r), dtype=torch.long, device=z.device)
+        logps.append(F.log_softmax(z, dim=-1).gather(-1, target[:, None]).squeeze(-1))
+        out.append(z)
+    return logps, out
+
+
+class Scorer(Protocol):
+    """Teacher-forced scoring without gradient (the teacher's and the value head's passes):
+    :func:`score_replies` on a model (:func:`model_scorer`), or a backend's own scorer that
+    starts from the KV it already holds (:meth:`.hf.HFGenerator.score`). Same outputs."""
+
+    def __call__(
+        self,
+        prompts: Sequence[Sequence[int]],
+        replies: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        allowed: Sequence[Sequence[Sequence[int]] | None] | None = None,
+        return_hidden: bool = False,
+    ) -> Scores: ...
+
+
+def model_scorer(model: torch.nn.Module, pad_id: int, share_prefixes: bool = False) -> Scorer:
+    """:func:`score_replies` on ``model`` (no gradient) as a :class:`Scorer`."""
+
+    def score(
+        prompts: Sequence[Sequence[int]],
+        replies: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        allowed: Sequence[Sequence[Sequence[int]] | None] | None = None,
+        return_hidden: bool = False,
+    ) -> Scores:
+        return score_replies(
+            model,
+            prompts,
+            replies,
+            temperature,
+            pad_id,
+            return_hidden=return_hidden,
+            allowed=allowed,
+            share_prefixes=share_prefixes,
+        )
+
+    return score
 
 
 def right_padded(
@@ -97,17 +155,12 @@ def score_replies(
             output_hidden_states=return_hidden,
         )
         logits = out.logits.float() / temperature  # [B, W, V]
-        logps, all_logits = [], []
-        for i, (p, r) in enumerate(zip(prompts, replies)):
-            pos = slice(len(p) - 1, len(p) - 1 + len(r))  # logits at t predict token t + 1
-            z = logits[i, pos]
-            sets = None if allowed is None else allowed[i]
-            if sets is not None:
-                z = constrained_logits(z, sets)
-            target = torch.tensor(list(r), dtype=torch.long, device=z.device)
-            logps.append(F.log_softmax(z, dim=-1).gather(-1, target[:, None]).squeeze(-1))
-            if return_logits:
-                all_logits.append(z)
+        # logits at t predict token t + 1
+        rows = [
+            logits[i, len(p) - 1 : len(p) - 1 + len(r)]
+            for i, (p, r) in enumerate(zip(prompts, replies))
+        ]
+        logps, all_logits = reply_scores(rows, replies, allowed)
         hidden = None
         if return_hidden:
             last = torch.tensor([len(p) - 1 for p in prompts], device=device)
@@ -139,19 +192,13 @@ def _score_tree(
     with ctx:
         out = forward_tree(model, seqs, logit_at, hidden_at, pad_id)
         vocab = next((z.shape[-1] for z in out.logits.values()), 0)
-        logps, all_logits = [], []
-        for i, r in enumerate(replies):
-            if r:
-                z = torch.stack([out.logits[(i, q)] for q in logit_at[i]]).float() / temperature
-            else:
-                z = torch.zeros((0, vocab), device=device)
-            sets = None if allowed is None else allowed[i]
-            if sets is not None:
-                z = constrained_logits(z, sets)
-            target = torch.tensor(list(r), dtype=torch.long, device=z.device)
-            logps.append(F.log_softmax(z, dim=-1).gather(-1, target[:, None]).squeeze(-1))
-            if return_logits:
-                all_logits.append(z)
+        rows = [
+            torch.stack([out.logits[(i, q)] for q in logit_at[i]]).float() / temperature
+            if r
+            else torch.zeros((0, vocab), device=device)
+            for i, r in enumerate(replies)
+        ]
+        logps, all_logits = reply_scores(rows, replies, allowed)
         hidden = None
         if return_hidden:
             hidden = torch.stack([out.hidden[(i, len(p) - 1)] for i, p in enumerate(prompts)])
