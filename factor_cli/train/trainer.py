@@ -43,7 +43,7 @@ from factor_cli.rollout.continuations import ContinuationResult, run_continuatio
 from factor_cli.rollout.packing import RolloutBatch, pack_episodes
 from factor_cli.rollout.runner import Episode, RolloutRunner, Start
 from factor_cli.rollout.teacher import teacher_logprobs, teacher_prompt_texts
-from factor_cli.rollout.values import continuation_targets, root_values
+from factor_cli.rollout.values import boundary_features, continuation_targets
 
 from . import checkpoint
 from .config import ConfigError, TrainConfig
@@ -191,15 +191,24 @@ class Trainer:
             support=c.support,
         )
 
-    def phase_value(
-        self, k: int, roots: list[Episode], cont: ContinuationResult | None
-    ) -> dict[str, float]:
-        """Fit the online head on the replay buffer, update the target, return V_target."""
+    def phase_features(self, roots: list[Episode]) -> torch.Tensor | None:
+        """The value head's feature of every root state (packing order); None without a head."""
         if not self.spec.uses_value_head:  # GRPO, SERL, GiGPO, mc: no value head to feed
+            return None
+        return boundary_features(self._scorer(), [t.prompt_ids for e in roots for t in e.turns])
+
+    def phase_value(
+        self,
+        k: int,
+        roots: list[Episode],
+        cont: ContinuationResult | None,
+        feats: torch.Tensor | None,
+    ) -> dict[str, float]:
+        """Fit the online head on the replay buffer, update the target, return V_target (read
+        after this step's value update and EMA) at the root states' features ``feats``."""
+        if feats is None:
             self._values = None
             return {}
-        # Features once; V_target is read after this step's value update and EMA.
-        _, feats = root_values(self._scorer(), self.heads, roots)
         out: dict[str, float] = {}
         if cont is not None and cont.episodes:
             x, y = continuation_targets(feats, roots, cont)
@@ -343,9 +352,14 @@ class Trainer:
             return out
 
         roots = self._usable(timed("rollout", lambda: self.phase_rollout(k)))
-        cont = timed("continuations", lambda: self.phase_continuations(k, roots))
-        value_metrics = timed("value", lambda: self.phase_value(k, roots, cont))
+        # Before the continuations: the backend still holds the rollout's prompts (hf's prefix
+        # cache, which the continuations' prompts would evict), and both passes score them.
         teacher = timed("teacher", lambda: self.phase_teacher(roots))
+        feats = timed("value", lambda: self.phase_features(roots))
+        cont = timed("continuations", lambda: self.phase_continuations(k, roots))
+        t_features = times["time_value"]
+        value_metrics = timed("value", lambda: self.phase_value(k, roots, cont, feats))
+        times["time_value"] += t_features
         rb = pack_episodes(roots, self._convention(), values=self._values, logp_teacher=teacher)
         rb = timed("critic", lambda: self.phase_critic(rb))
         credit = self.phase_credit(k, rb)

@@ -11,6 +11,17 @@ log pi^C_theta(y) = z[y]/T - logsumexp_{v in C} z[v]/T, the distribution ``logp_
 from, so q = 1 at the behaviour weights. The SERL KL then compares the teacher's and the
 student's distributions masked to the same sets.
 
+Shared prefixes (``optim.share_prefixes``, default on): each action's forward runs over its whole
+prompt, and a micro-batch's prompts share most of their tokens (system text, a group's task and
+first observation, a trajectory's earlier turns). The forward goes through the micro-batch's
+radix tree (:mod:`factor_cli.policy.generation.shared_prefix`), each shared prefix encoded once;
+the mini-batch's actions are split into micro-batches in packing order so related actions land
+together. Chosen by measurement over the alternatives the issue named: on the smoke batch (24
+actions) removing padding alone (length buckets) cuts 14,088 encoded tokens to 10,483, the tree
+to 4,615 (fwd + bwd 2.3-2.7x faster), and one sequence per trajectory needs append-only prompts,
+which the default sliding history window is not. The loss and gradients are the padded
+forward's up to float rounding (``tests/policy/test_shared_prefix.py``).
+
 One micro-batch is three parts: :func:`gather` (forward passes, then the objective's inputs cut
 out of the packed batch), ``credit.objective`` (the loss) and :func:`padding_step` (the zero-loss
 forward of a rank with nothing left, which keeps ZeRO-3's collectives in step). A method with

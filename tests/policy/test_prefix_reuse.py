@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from factor_cli.envs import availability
 from factor_cli.envs.pool import EnvPool
@@ -249,3 +251,16 @@ def test_config_switch_defaults_on_and_turns_off() -> None:
 
     assert RolloutConfig().prefix_reuse is True
     assert load_config("smoke", ["rollout.prefix_reuse=false"]).rollout.prefix_reuse is False
+
+
+@given(st.lists(st.integers(1, 300), max_size=40), st.integers(1, 8))
+def test_score_batches_cover_every_row_once_within_the_padding_slack(new, size) -> None:
+    """The cached scorer's batches: each row once, at most ``batch_size`` rows, and a padded
+    cost (rows x largest count) within 1.25x the batch's real cost."""
+    from types import SimpleNamespace
+
+    batches = HFGenerator._score_batches(SimpleNamespace(batch_size=size), new)  # type: ignore[arg-type]
+    assert sorted(i for b in batches for i in b) == list(range(len(new)))
+    for b in batches:
+        assert 1 <= len(b) <= size
+        assert len(b) * max(new[i] for i in b) <= 1.25 * sum(new[i] for i in b) or len(b) == 1

@@ -330,11 +330,10 @@ class HFGenerator(TokenizedBackend):
             raise ValueError("every prompt needs at least one token (its last one predicts it)")
         self._check_weights()
         found = [self.prefix_cache.match(p[:-1]) for p in prompts]
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) - found[i].length)
+        new = [len(p) + len(r) - m.length for p, r, m in zip(prompts, replies, found)]
         logps: list[Any] = [None] * len(prompts)
         hidden: list[Any] = [None] * len(prompts)
-        for lo in range(0, len(order), self.batch_size):
-            rows = order[lo : lo + self.batch_size]
+        for rows in self._score_batches(new):
             z, h = self._score_rows(
                 [list(prompts[i]) for i in rows],
                 [list(replies[i]) for i in rows],
@@ -347,6 +346,22 @@ class HFGenerator(TokenizedBackend):
                 logps[i] = lp[k]
                 hidden[i] = None if h is None else h[k]
         return Scores(logps, torch.stack(hidden) if return_hidden else None, None)
+
+    def _score_batches(self, new: list[int], slack: float = 1.25) -> list[list[int]]:
+        """Row indices by ascending count of tokens to compute, cut into batches of at most
+        ``batch_size`` rows whose padded cost (rows x the largest count, what one forward
+        computes) stays within ``slack`` x the sum of their counts."""
+        out: list[list[int]] = []
+        rows: list[int] = []
+        total = 0
+        for i in sorted(range(len(new)), key=new.__getitem__):
+            padded = (len(rows) + 1) * new[i]
+            if rows and (len(rows) >= self.batch_size or padded > slack * (total + new[i])):
+                out.append(rows)
+                rows, total = [], 0
+            rows.append(i)
+            total += new[i]
+        return [*out, rows] if rows else out
 
     def _score_rows(
         self,
