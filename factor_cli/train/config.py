@@ -272,7 +272,8 @@ class OptimConfig(Strict):
         description="Encode each prompt prefix that a micro-batch's actions share (system text, "
         "task, earlier turns) once, through the micro-batch's radix tree, and order each "
         "mini-batch's actions by trajectory so micro-batches share most. Same loss and gradients "
-        "(within float rounding) as off; off is for comparison.",
+        "(within float rounding) as off; off is for comparison. Not applied under ZeRO-3 across "
+        "ranks (every forward there is a collective; the tree's count differs per rank).",
     )
 
 

@@ -282,12 +282,16 @@ class Trainer:
         )
 
     def _scorer(self) -> Scorer:
-        """The teacher's and the value head's scoring pass (no gradient, current weights):
-        with ``rollout.prefix_reuse`` the backend's, which starts from what the rollout
-        already encoded (hf: its prefix cache), else the plain padded forward."""
-        if self.cfg.rollout.prefix_reuse:
+        """The teacher's and the value head's scoring pass (no gradient, current weights).
+        With ``rollout.prefix_reuse``: a backend that samples with the trainer's module (hf)
+        scores from what the rollout already encoded (its prefix cache); otherwise the
+        trainer's model runs the radix-tree forward over the batch, the same on every rank
+        (every rank scores the gathered batch: ZeRO-3 needs as many forwards on each).
+        Without it: the plain padded forward."""
+        reuse = self.cfg.rollout.prefix_reuse
+        if reuse and not self.generator.copies_weights:
             return self.generator.score
-        return model_scorer(self.policy.model, self.pad_id)
+        return model_scorer(self.policy.model, self.pad_id, share_prefixes=reuse)
 
     def phase_credit(self, k: int, rb: RolloutBatch) -> CreditAssignment:
         """Token coefficients of the method at step k; the shuffled ablations draw from the

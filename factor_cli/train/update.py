@@ -20,7 +20,8 @@ together. Chosen by measurement over the alternatives the issue named: on the sm
 actions) removing padding alone (length buckets) cuts 14,088 encoded tokens to 10,483, the tree
 to 4,615 (fwd + bwd 2.3-2.7x faster), and one sequence per trajectory needs append-only prompts,
 which the default sliding history window is not. The loss and gradients are the padded
-forward's up to float rounding (``tests/policy/test_shared_prefix.py``).
+forward's up to float rounding (``tests/policy/test_shared_prefix.py``). Under ZeRO-3 across
+ranks the padded forward is used: the tree's forward count depends on the actions a rank holds.
 
 One micro-batch is three parts: :func:`gather` (forward passes, then the objective's inputs cut
 out of the packed batch), ``credit.objective`` (the loss) and :func:`padding_step` (the zero-loss
@@ -128,6 +129,14 @@ class UpdateContext:
     micro-batches; else None."""
 
     @property
+    def share_prefixes(self) -> bool:
+        """Whether forwards go through the micro-batch's radix tree (``optim.share_prefixes``).
+        Not under ZeRO-3 across ranks: there every forward is a collective every rank must
+        join, and ranks holding different actions would build trees of different sizes."""
+        multi_rank_zero3 = self.engine.zero_stage == 3 and self.engine.world_size > 1
+        return self.cfg.optim.share_prefixes and not multi_rank_zero3
+
+    @property
     def with_kl(self) -> bool:
         """Whether the SERL KL term is computed (a positive lambda_k and teacher prompts)."""
         return self.credit.kl_coef > 0 and self.teacher_prompts is not None
@@ -209,7 +218,7 @@ def minibatch_step(ctx: UpdateContext, actions: Sequence[int]) -> UpdateStats:
     norm = normalizers(ctx, actions)
     if ctx.credit.whiten:
         ctx = whitened(ctx, actions)
-    if optim.share_prefixes:  # packing order: a trajectory's turns, then its group's, adjacent
+    if ctx.share_prefixes:  # packing order: a trajectory's turns, then its group's, adjacent
         actions = sorted(actions)
     micro = micro_batches(actions, engine.rank, engine.world_size, optim.micro_batch_actions)
     out = UpdateStats()
@@ -305,7 +314,7 @@ def gather(ctx: UpdateContext, acts: Sequence[int]) -> MicroInputs:
         with_grad=True,
         return_logits=ctx.with_kl,
         allowed=_allowed(rb, acts),
-        share_prefixes=ctx.cfg.optim.share_prefixes,
+        share_prefixes=ctx.share_prefixes,
     )
     logp, logp_old, coef, index, na_new, na_old, na_traj, student = [], [], [], [], [], [], [], []
     for local, (a, lp) in enumerate(zip(acts, sc.logprobs)):
@@ -361,7 +370,7 @@ def _teacher_logits(ctx: UpdateContext, acts: Sequence[int], dev: torch.device) 
         ctx.pad_id,
         return_logits=True,
         allowed=_allowed(rb, acts),
-        share_prefixes=ctx.cfg.optim.share_prefixes,
+        share_prefixes=ctx.share_prefixes,
     )
     return torch.cat(
         [z[torch.tensor(rb.action_masks[a], device=dev)] for z, a in zip(tsc.logits, acts)]

@@ -178,3 +178,17 @@ def test_update_stats_add_and_mean() -> None:
         loss=2.0, kl=0.25, grad_norm=1.0, clip_fraction=0.125, approx_kl=0.05
     )
     assert UpdateStats(loss=1.0).mean(0) == UpdateStats(loss=1.0)  # no update: unchanged
+
+
+def test_shared_prefix_forwards_are_off_under_zero3_across_ranks() -> None:
+    """ZeRO-3 makes every forward a collective all ranks join; ranks holding different actions
+    would build radix trees of different sizes (a hang), so the padded forward is used."""
+    from factor_cli.train.update import UpdateContext
+
+    def shares(stage: int, world: int, on: bool = True) -> bool:
+        cfg = load_config("smoke", [f"optim.share_prefixes={str(on).lower()}"])
+        engine = SimpleNamespace(zero_stage=stage, world_size=world)
+        return UpdateContext(engine, None, None, cfg, 0, None, None).share_prefixes  # type: ignore[arg-type]
+
+    assert shares(3, 1) and shares(1, 2) and shares(2, 4)
+    assert not shares(3, 2) and not shares(1, 1, on=False)
