@@ -9,14 +9,17 @@
   reuses (pure torch);
 - :mod:`.vllm`: the ``vllm`` backend (vLLM's offline engine; vLLM itself is optional and is
   imported only when such a backend is built);
-- :mod:`.scoring`: teacher-forced log-prob re-scoring (:func:`score_replies`);
+- :mod:`.scoring`: teacher-forced log-prob re-scoring (:func:`score_replies`) and the
+  :class:`~.scoring.Scorer` the teacher's and value head's passes take;
+- :mod:`.shared_prefix`: forwards through a batch's radix tree, each shared prefix encoded once
+  (``score_replies(share_prefixes=True)``; pure torch);
 - :mod:`.constrained`: valid-action decoding (the action token trie, the HF logits mask and
   the constrained log-probs both backends and the scorer share).
 
 The modules import downward only (``backends`` -> ``hf`` / ``vllm`` -> ``scoring`` ->
-``constrained``, ``prefix_cache``, ``base``), lazily where torch or vLLM would load. Public
-names are re-exported here lazily too, so importing this package costs nothing until a name is
-used.
+``shared_prefix``, ``constrained``, ``prefix_cache``, ``base``), lazily where torch or vLLM
+would load. Public names are re-exported here lazily too, so importing this package costs
+nothing until a name is used.
 """
 
 from __future__ import annotations
