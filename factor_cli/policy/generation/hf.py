@@ -57,7 +57,7 @@ from .base import (
 )
 from .constrained import Allowed, TokenTrie, TrieBuilder, TrieLogitsMask, constrained_logprobs
 from .prefix_cache import Match, PrefixCache, kv_bytes_per_token
-from .scoring import Scores, model_scorer, reply_scores
+from .scoring import Scores, reply_scores
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -322,10 +322,8 @@ class HFGenerator(TokenizedBackend):
         states (the rollout's own prompts) cost only what the rollout did not encode. Rows are
         batched by how much they must compute, so one uncached row does not make a batch
         recompute the others' stored tokens. Without prefix reuse: the radix-tree forward."""
-        if not self.prefix_reuse:
-            return model_scorer(self.model, self.pad_id, share_prefixes=True)(
-                prompts, replies, temperature, allowed, return_hidden
-            )
+        if not self.prefix_reuse:  # no cache to start from: the shared radix-tree scorer
+            return super().score(prompts, replies, temperature, allowed, return_hidden)
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token (its last one predicts it)")
         self._check_weights()
