@@ -254,12 +254,12 @@ def test_config_switch_defaults_on_and_turns_off() -> None:
 
 
 @given(st.lists(st.integers(1, 300), max_size=40), st.integers(1, 8))
-def test_score_batches_cover_every_row_once_within_the_padding_slack(new, size) -> None:
+def test_cost_batches_cover_every_row_once_within_the_padding_slack(new, size) -> None:
     """The cached scorer's batches: each row once, at most ``batch_size`` rows, and a padded
     cost (rows x largest count) within 1.25x the batch's real cost."""
     from types import SimpleNamespace
 
-    batches = HFGenerator._score_batches(SimpleNamespace(batch_size=size), new)  # type: ignore[arg-type]
+    batches = HFGenerator._cost_batches(SimpleNamespace(batch_size=size), new)  # type: ignore[arg-type]
     assert sorted(i for b in batches for i in b) == list(range(len(new)))
     for b in batches:
         assert 1 <= len(b) <= size

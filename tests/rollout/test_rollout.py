@@ -66,6 +66,25 @@ def test_temperature_logprobs_are_of_the_sampling_distribution(policy, gen: HFGe
         torch.testing.assert_close(s, torch.tensor(g.logprobs), atol=1e-5, rtol=0)
 
 
+def test_a_checkpoints_generation_config_does_not_change_the_draw(policy, gen) -> None:
+    """Replies come from softmax(z / T) itself: a repetition penalty or top-k in the model's
+    generation config (real checkpoints ship them) would make the draw disagree with the
+    behaviour log-probs; greedy replies stay the argmax of the raw logits."""
+    config = policy.model.generation_config
+    saved = (config.repetition_penalty, config.top_k)
+    config.repetition_penalty, config.top_k = 50.0, 2
+    try:
+        prompts = [f"You are in room {i}. Find the coin." for i in range(3)]
+        gens = gen.generate(prompts, greedy=True)
+    finally:
+        config.repetition_penalty, config.top_k = saved
+    for g in gens:
+        with torch.no_grad():
+            z = policy.model(input_ids=torch.tensor([g.prompt_ids + g.token_ids])).logits[0]
+        picks = z[len(g.prompt_ids) - 1 : -1].argmax(-1).tolist()
+        assert picks == g.token_ids
+
+
 def test_row_seeded_sampler_draws_from_softmax() -> None:
     """Gumbel-max with per-row streams: frequencies match softmax(z / T) (20,000 draws)."""
     z = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5])

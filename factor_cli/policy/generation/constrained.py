@@ -25,9 +25,9 @@ the per-reply random streams (:class:`~.hf.RowSeededSampler`, vLLM's per-request
 draw exactly as in free decoding: the same seed gives the same reply, and a free row of a mixed
 batch is the reply it would be alone.
 
-Pure torch (no transformers, no vLLM): the HF backend uses :class:`TrieLogitsMask` as a logits
-processor; the vLLM backend ships each request's token sequences to its engine, which rebuilds
-the trie there (``vllm.TrieLogitsProcessor``).
+Pure torch (no transformers, no vLLM): the HF backend's decode loop masks each step's logits to
+C_j (:mod:`.decode`); the vLLM backend ships each request's token sequences to its engine, which
+rebuilds the trie there (``vllm.TrieLogitsProcessor``).
 """
 
 from __future__ import annotations
@@ -214,27 +214,3 @@ def constrained_logprobs(
     z = logits if allowed_ids is None else constrained_logits(logits, allowed_ids)
     target = torch.tensor(list(tokens), dtype=torch.long, device=z.device)
     return torch.log_softmax(z, dim=-1).gather(-1, target[:, None]).squeeze(-1)
-
-
-class TrieLogitsMask:
-    """Hugging Face logits processor: row b's scores outside its trie's C_j become -inf.
-
-    What ``prefix_allowed_tokens_fn`` does (HF's ``PrefixConstrainedLogitsProcessor``), but
-    rows without a trie are left untouched instead of listing the whole vocabulary, and it runs
-    where the backend puts it: before :class:`~.hf.RowSeededSampler`, so the seeded draw sees the
-    mask. Out of place: ``generate`` reports the tensor it passes in as the raw logits.
-    """
-
-    def __init__(self, tries: Sequence[TokenTrie | None], prompt_width: int) -> None:
-        self.tries = list(tries)
-        self.prompt_width = prompt_width
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        generated = input_ids[:, self.prompt_width :].tolist()
-        keep = torch.ones_like(scores, dtype=torch.bool)
-        for b, trie in enumerate(self.tries):
-            allowed = None if trie is None else trie.allowed(generated[b])
-            if allowed is not None:  # None: free row, or finished (its tokens are cut)
-                keep[b] = False
-                keep[b, allowed] = True
-        return scores.masked_fill(~keep, float("-inf"))

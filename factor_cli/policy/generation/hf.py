@@ -1,12 +1,14 @@
-"""The ``hf`` generation backend: Hugging Face ``generate`` with a KV cache, sampling with the
-trainer's own model object (so its log-probs are the trainer's, and :meth:`refresh` only rebinds).
+"""The ``hf`` generation backend: a Hugging Face model decoded with a KV cache by our own loop
+(:func:`.decode.decode`: in-place KV buffers, finished rows leave the batch, draws from exactly
+softmax(z / T) whatever the checkpoint's generation config says), sampling with the trainer's
+own model object (so its log-probs are the trainer's, and :meth:`refresh` only rebinds).
 
 Seeded replies (the rollout runner always seeds them) are drawn by :class:`RowSeededSampler`, one
 random stream per reply, so a reply does not depend on the batch it was generated in.
 
-Valid-action decoding (``allowed``): :class:`~.constrained.TrieLogitsMask` masks each constrained
-row to its action trie before the draw, and the reported log-probs are renormalised over the
-same sets (:mod:`.constrained`).
+Valid-action decoding (``allowed``): each constrained row's logits are masked to its action
+trie's C_j before the draw, and the reported log-probs are renormalised over the same sets
+(:mod:`.constrained`).
 
 Prefix reuse (``prefix_reuse=True``, the default; ``rollout.prefix_reuse``): the KV of every
 prompt encoded so far stays in a bounded :class:`~.prefix_cache.PrefixCache` (a radix tree over
@@ -16,12 +18,13 @@ are append-only (a ``prompt.history_turns`` window covering the whole episode), 
 (+ the first observation) shared by the K trajectories of a group, a continuation's root prompt
 at its checkpoint. A batch runs in two passes:
 
-1. prefill: the distinct prompts whose x[:-1] (all but the last token) is not fully stored are
-   left-padded to a width W; row u has pad_u padding columns, m_u stored tokens and S_u =
-   |x_u| - 1 - m_u new ones; with c0 = W - max_u S_u, one forward computes columns [c0, W) over
-   a cache holding, per row, its stored KV for columns [pad_u, c0) (rows with shorter suffixes
-   recompute a few stored tokens: harmless), and the new KV are stored;
-2. generate: every row's x[:-1] is now stored; ``generate`` receives them as its cache
+1. prefill: the distinct prompts whose x[:-1] (all but the last token) is not fully stored,
+   in batches of similar suffix lengths, are left-padded to a width W; row u has pad_u padding
+   columns, m_u stored tokens and S_u = |x_u| - 1 - m_u new ones; with c0 = W - max_u S_u,
+   one forward computes columns [c0, W) over a cache holding, per row, its stored KV for
+   columns [pad_u, c0) (rows with shorter suffixes recompute a few stored tokens: harmless),
+   and the new KV are stored;
+2. decode: every row's x[:-1] is now stored; the decode loop receives them as its cache
    (columns [pad_b, W - 1), padding columns zero and masked) and computes the last prompt
    column, then decodes as without reuse.
 
@@ -33,8 +36,8 @@ shapes): greedy and seeded replies are identical in the tests, log-probs agree w
 update) and, as a safety net, whenever an in-place update of the model's parameters bumped
 their version counters (torch optimizers, ``load_state_dict``). Models whose cache layers are
 not plain full-attention :class:`~transformers.DynamicLayer` (sliding windows) decode without
-reuse. :attr:`HFGenerator.prefill_tokens` and :attr:`HFGenerator.reused_tokens` count the
-prompt tokens computed and taken from the cache.
+reuse, on their own ``DynamicCache``. :attr:`HFGenerator.prefill_tokens` and
+:attr:`HFGenerator.reused_tokens` count the prompt tokens computed and taken from the cache.
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ from .base import (
     check_temperature,
     request_seeds,
 )
-from .constrained import Allowed, TokenTrie, TrieBuilder, TrieLogitsMask, constrained_logprobs
+from .constrained import Allowed, TokenTrie, TrieBuilder
+from .decode import Decoded, Sampling, buffer_cache, decode
 from .prefix_cache import Match, PrefixCache, kv_bytes_per_token
 from .scoring import Scores, reply_scores
 
@@ -167,52 +171,42 @@ class HFGenerator(TokenizedBackend):
 
     def _shared_prefix_cache(
         self, ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor
-    ) -> object:
+    ) -> DynamicCache:
         """KV cache of each distinct prompt (all but its last token), computed once and then
-        copied to every row that repeats it (e.g. the M continuations of one checkpoint)."""
-        device = ids.device
+        copied to every row that repeats it (e.g. the M continuations of one checkpoint), in
+        buffers with room for the reply."""
         pos = (mask.cumsum(-1) - 1).clamp_min(0)
-        out = self.model(
+        cache = buffer_cache(self.model.config, self._decode_capacity(ids.shape[1]))
+        self.model(
             input_ids=ids[:, :-1],
             attention_mask=mask[:, :-1],
             position_ids=pos[:, :-1],
+            past_key_values=cache,
             use_cache=True,
+            logits_to_keep=1,
         )
-        cache = out.past_key_values
-        for layer in cache.layers:
-            layer.batch_select_indices(rows.to(device))
+        cache.batch_select_indices(rows.to(ids.device))
         return cache
 
-    def _sampling_options(
-        self,
-        temperature: float,
-        greedy: bool,
-        seeds: Sequence[int] | None,
-        device: torch.device,
-        mask: TrieLogitsMask | None = None,
-    ) -> dict[str, Any]:
-        """``generate`` keyword arguments for greedy decoding or full-distribution sampling;
-        ``mask`` (valid-action decoding) runs first, so every draw sees it."""
-        processors: list[Any] = [] if mask is None else [mask]
-        options: dict[str, Any] = {"do_sample": not greedy}
-        if not greedy:
-            options.update(temperature=float(temperature), top_k=0, top_p=1.0)
-        if not greedy and seeds is not None:
-            # The sampler draws the token itself (temperature included); HF's own draw then
-            # has a single candidate, so its global-RNG multinomial changes nothing.
-            options["temperature"] = 1.0
-            processors.append(RowSeededSampler(seeds, float(temperature), device))
-        if processors:
-            from transformers import LogitsProcessorList
+    def _decode_capacity(self, width: int) -> int:
+        """KV columns a batch of prompts ``width`` wide needs: the prompt and every reply token
+        but the last (whose KV no step reads)."""
+        return width + self.max_new_tokens - 1
 
-            options["logits_processor"] = LogitsProcessorList(processors)
-        return options
+    def _sampling(
+        self, temperature: float, greedy: bool, seeds: Sequence[int] | None, device: torch.device
+    ) -> Sampling:
+        """Greedy, seeded (each reply its own Gumbel stream), or global-RNG sampling."""
+        draw = None
+        if not greedy and seeds is not None:
+            draw = RowSeededSampler(seeds, float(temperature), device).draw
+        return Sampling(float(temperature), greedy, draw)
 
     def _inputs(
         self, prompts: list[list[int]], device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-        """(ids, mask) [B, W] on ``device``, plus the KV cache ``generate`` starts from: every
-        row's stored prefix (prefix reuse), else a shared prefill when prompts repeat."""
+    ) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
+        """(ids, mask) [B, W] on ``device``, plus the KV cache decoding starts from: every
+        row's stored prefix (prefix reuse), a shared prefill when prompts repeat, else empty."""
         self.prompt_tokens += sum(len(p) for p in prompts)
         if self.prefix_reuse:
             return self._reused_inputs(prompts, device)
@@ -224,33 +218,40 @@ class HFGenerator(TokenizedBackend):
             uniq_ids, uniq_mask = uniq_ids.to(device), uniq_mask.to(device)
             cache = self._shared_prefix_cache(uniq_ids, uniq_mask, rows)
             rows = rows.to(device)
-            return uniq_ids[rows], uniq_mask[rows], {"past_key_values": cache}
+            return uniq_ids[rows], uniq_mask[rows], cache
         self.prefill_tokens += sum(len(p) for p in prompts)
         ids, mask = _left_pad(prompts, self.pad_id)
-        return ids.to(device), mask.to(device), {}
+        cache = buffer_cache(self.model.config, self._decode_capacity(ids.shape[1]))
+        return ids.to(device), mask.to(device), cache
 
     # -- prefix reuse (module docstring) ----------------------------------------------------
     def _reused_inputs(
         self, prompts: list[list[int]], device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    ) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
         """Pass 1 (prefill what is not stored) and the cache of pass 2 (every row's x[:-1])."""
         self._check_weights()
         heads = [tuple(p[:-1]) for p in prompts]  # the KV generate needs: all but the last token
         distinct = list(dict.fromkeys(heads))
         found = [self.prefix_cache.match(h) for h in distinct]
         missing = [(h, m) for h, m in zip(distinct, found) if m.length < len(h)]
-        self.prefill_tokens += sum(len(h) - m.length for h, m in missing) + sum(
-            min(len(p), 1) for p in prompts
-        )
-        if missing:
-            self._prefill(missing, device)
+        self.prefill_tokens += sum(min(len(p), 1) for p in prompts)  # decoding's first column
+        # Batched by suffix length, so one long suffix does not pad every row to its width.
+        for batch in self._cost_batches([len(h) - m.length for h, m in missing]):
+            # Matched again: an earlier batch may have stored more of a row, or split the
+            # nodes an older match points into.
+            again = [(h, self.prefix_cache.match(h)) for h in (missing[i][0] for i in batch)]
+            rows = [(h, m) for h, m in again if m.length < len(h)]
+            if rows:
+                self.prefill_tokens += sum(len(h) - m.length for h, m in rows)
+                self._prefill(rows, device)
         stored = {h: self.prefix_cache.match(h) for h in distinct}
         ids, mask = _left_pad(prompts, self.pad_id)
         width = ids.shape[1] - 1
         pads = [width - len(h) for h in heads]
-        cache = self._stored_cache([stored[h] for h in heads], pads, width, device)
+        capacity = self._decode_capacity(ids.shape[1])
+        cache = self._stored_cache([stored[h] for h in heads], pads, width, device, capacity)
         self.prefix_cache.evict()  # after the gather: this batch's prefixes were needed until now
-        return ids.to(device), mask.to(device), {} if cache is None else {"past_key_values": cache}
+        return ids.to(device), mask.to(device), cache
 
     def _prefill(self, rows: list[tuple[tuple[int, ...], Match]], device: torch.device) -> None:
         """One forward over the unstored columns [c0, W) of ``rows`` (sequence, stored match);
@@ -261,8 +262,8 @@ class HFGenerator(TokenizedBackend):
         width = ids.shape[1]
         pads = [width - len(s) for s in seqs]
         c0 = width - max(len(h) - m.length for h, m in rows)  # = min_u pad_u + m_u
-        past = self._stored_cache([m for _, m in rows], pads, c0, device)
-        pos = (mask.cumsum(-1) - 1).clamp_min(0)  # generate's position ids for left padding
+        past = self._stored_cache([m for _, m in rows], pads, c0, device, width)
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)  # position ids for left padding
         out = self.model(
             input_ids=ids[:, c0:],
             attention_mask=mask,
@@ -280,31 +281,29 @@ class HFGenerator(TokenizedBackend):
             self.prefix_cache.insert(h, kv, m.length)
 
     def _stored_cache(
-        self, matches: list[Match], pads: list[int], width: int, device: torch.device
-    ) -> DynamicCache | None:
-        """A cache of ``width`` columns: row b holds the first ``width - pads[b]`` stored tokens
-        of ``matches[b]`` in columns [pads[b], width) (none when that is <= 0), zeros (masked
-        padding) elsewhere; None for width 0."""
-        from transformers import DynamicCache
-
+        self,
+        matches: list[Match],
+        pads: list[int],
+        width: int,
+        device: torch.device,
+        capacity: int,
+    ) -> DynamicCache:
+        """A buffer cache of ``capacity`` columns whose first ``width`` are filled: row b holds
+        the first ``width - pads[b]`` stored tokens of ``matches[b]`` in columns [pads[b],
+        width) (none when that is <= 0), zeros (masked padding) before them."""
         if width <= 0:
-            return None
+            return buffer_cache(self.model.config, capacity)
         like = next(node.kv for m in matches for node, _ in m.pieces)
         n_layers, _, heads, _, dim = like.shape
         past = torch.empty(
-            (n_layers, 2, len(matches), heads, width, dim), dtype=like.dtype, device=device
+            (n_layers, 2, len(matches), heads, capacity, dim), dtype=like.dtype, device=device
         )
         for b, (m, pad) in enumerate(zip(matches, pads)):
             # Padding columns are masked, but must be finite: 0 * nan would still be nan.
             past[:, :, b, :, : max(pad, 0)] = 0
             if width > pad:
-                self.prefix_cache.gather(m, width - pad, past[:, :, b, :, max(pad, 0) :])
-        cache = DynamicCache(config=self.model.config)
-        for layer, kv in zip(cache.layers, past):
-            # The tensors themselves: DynamicCache(ddp_cache_data=...) would copy them once more.
-            layer.lazy_initialization(kv[0], kv[1])
-            layer.keys, layer.values = kv[0], kv[1]
-        return cache
+                self.prefix_cache.gather(m, width - pad, past[:, :, b, :, max(pad, 0) : width])
+        return buffer_cache(self.model.config, capacity, past, width)
 
     # -- scoring from the prefix cache ---------------------------------------------------------
     @torch.no_grad()
@@ -331,7 +330,7 @@ class HFGenerator(TokenizedBackend):
         new = [len(p) + len(r) - m.length for p, r, m in zip(prompts, replies, found)]
         logps: list[Any] = [None] * len(prompts)
         hidden: list[Any] = [None] * len(prompts)
-        for rows in self._score_batches(new):
+        for rows in self._cost_batches(new):
             z, h = self._score_rows(
                 [list(prompts[i]) for i in rows],
                 [list(replies[i]) for i in rows],
@@ -345,7 +344,7 @@ class HFGenerator(TokenizedBackend):
                 hidden[i] = None if h is None else h[k]
         return Scores(logps, torch.stack(hidden) if return_hidden else None, None)
 
-    def _score_batches(self, new: list[int], slack: float = 1.25) -> list[list[int]]:
+    def _cost_batches(self, new: list[int], slack: float = 1.25) -> list[list[int]]:
         """Row indices by ascending count of tokens to compute, cut into batches of at most
         ``batch_size`` rows whose padded cost (rows x the largest count, what one forward
         computes) stays within ``slack`` x the sum of their counts."""
@@ -377,7 +376,7 @@ class HFGenerator(TokenizedBackend):
         width = ids.shape[1]
         pads = [width - len(s) for s in seqs]
         c0 = min(pad + m.length for pad, m in zip(pads, found))
-        past = self._stored_cache(found, pads, c0, device)
+        past = self._stored_cache(found, pads, c0, device, width) if c0 > 0 else None
         self.score_reused_tokens += sum(max(c0 - pad, 0) for pad in pads)
         pos = (mask.cumsum(-1) - 1).clamp_min(0)
         # Row u's reply is predicted by columns [W - 1 - G_u, W - 1): the ends align.
@@ -410,45 +409,33 @@ class HFGenerator(TokenizedBackend):
         device = next(self.model.parameters()).device
         ids, mask, cache = self._inputs([e[0] for e in encoded], device)
         tries = list(tries) if tries is not None else [None] * len(encoded)
-        trie_mask = TrieLogitsMask(tries, ids.shape[1]) if any(tries) else None
-        res = self.model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=self.max_new_tokens,
-            eos_token_id=self.stop_ids,
-            pad_token_id=self.pad_id,
-            output_logits=True,
-            return_dict_in_generate=True,
-            **cache,
-            **self._sampling_options(temperature, greedy, seeds, device, trie_mask),
+        replies = decode(
+            self.model,
+            ids,
+            mask,
+            cache,
+            self.max_new_tokens,
+            self.stop_ids,
+            self._sampling(temperature, greedy, seeds, device),
+            tries,
         )
-        new = res.sequences[:, ids.shape[1] :].cpu()  # [B, G]
-        scale = 1.0 if greedy else float(temperature)
-        logits = torch.stack(res.logits, dim=1).float().cpu() / scale  # [B, G, V] raw, / T
         return [
-            self._to_generation(new[b].tolist(), logits[b], prompt, cut, tries[b])
-            for b, (prompt, cut) in enumerate(encoded)
+            self._to_generation(reply, prompt, cut, trie)
+            for reply, (prompt, cut), trie in zip(replies, encoded, tries)
         ]
 
     def _to_generation(
-        self,
-        toks: list[int],
-        logits: torch.Tensor,
-        prompt: list[int],
-        cut: bool,
-        trie: TokenTrie | None = None,
+        self, reply: Decoded, prompt: list[int], cut: bool, trie: TokenTrie | None = None
     ) -> Generation:
-        """Cut a row of generated tokens [G] after its first stop token (padding follows it)
-        and score it from its logits [G, V] (/ T): log softmax, renormalised over the trie's
-        allowed sets when the row was constrained."""
+        """A decoded reply (cut after its first stop token) with the sets C_j it was drawn
+        from when the row was constrained."""
         stops = set(self.stop_ids)
-        end = next((j + 1 for j, t in enumerate(toks) if t in stops), len(toks))
-        toks = toks[:end]
+        toks = reply.tokens
         allowed_ids = None if trie is None else trie.allowed_along(toks)
         return Generation(
             prompt_ids=prompt,
             token_ids=toks,
-            logprobs=constrained_logprobs(logits[:end], toks, allowed_ids).tolist(),
+            logprobs=reply.logprobs,
             text=self.tokenizer.decode(toks, skip_special_tokens=True),
             finished=bool(toks) and toks[-1] in stops,
             prompt_truncated=cut,
@@ -476,8 +463,7 @@ class RowSeededSampler:
     Gumbel-max: y_i = argmax_v (z_iv / T + g_iv), g_iv = -log(-log u_iv), u_iv ~ U(0, 1) drawn
     from a generator seeded with ``seeds[i]``; y_i is then exactly a draw from softmax(z_i / T).
     Each call consumes one vocabulary-sized draw per row, so row i's k-th token depends only on
-    (seeds[i], k) and its logits. Used as a Hugging Face logits processor, it returns logits that
-    allow only y_i (0 there, -inf elsewhere); ``output_logits`` still reports the raw logits.
+    (seeds[i], k) and its logits.
     """
 
     def __init__(self, seeds: Sequence[int], temperature: float, device: torch.device) -> None:
@@ -486,16 +472,11 @@ class RowSeededSampler:
             torch.Generator(device=device).manual_seed(int(s) % 2**63) for s in seeds
         ]
 
-    def draw(self, scores: torch.Tensor) -> torch.Tensor:
-        """The sampled token id of each row, [B]."""
+    def draw(self, scores: torch.Tensor, rows: Sequence[int] | None = None) -> torch.Tensor:
+        """The sampled token id of each row of ``scores`` [A, V], [A]; ``rows``: the streams
+        (indices into ``seeds``) of those rows, all of them in order when None."""
         vocab = scores.shape[-1]
-        u = torch.stack(
-            [torch.rand(vocab, generator=g, device=scores.device) for g in self.generators]
-        )
+        gens = self.generators if rows is None else [self.generators[r] for r in rows]
+        u = torch.stack([torch.rand(vocab, generator=g, device=scores.device) for g in gens])
         gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
         return (scores.float() / self.temperature + gumbel).argmax(-1)
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        pick = self.draw(scores)
-        out = torch.full_like(scores, float("-inf"))
-        return out.scatter_(1, pick[:, None], 0.0)

@@ -1,0 +1,183 @@
+"""The hf backend's decode loop against slow oracles on a random tiny Llama: each row decoded
+alone by full forwards without any cache (greedy, the row's own Gumbel stream, valid-action
+tries), whatever the batch, its padding and its compaction; the buffer cache layer against
+``DynamicCache``."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from factor_cli.policy.generation import decode as decode_module
+from factor_cli.policy.generation.constrained import TokenTrie
+from factor_cli.policy.generation.decode import Sampling, buffer_cache, decode
+from factor_cli.policy.generation.hf import RowSeededSampler
+
+VOCAB = 24
+STOP = 1
+PAD = 0
+MAX_NEW = 7
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    net = LlamaForCausalLM(cfg).float().eval()
+    with torch.no_grad():  # make the stop token likely, so rows end at different steps
+        net.lm_head.weight[STOP] += 0.6 * net.lm_head.weight[2:].mean(0)
+        net.lm_head.weight[STOP] *= 3.0
+    return net
+
+
+def _left_pad(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), PAD)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s) :] = torch.tensor(s)
+        mask[i, width - len(s) :] = 1
+    return ids, mask
+
+
+def _prompts(seed: int, n: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(2, VOCAB) for _ in range(rng.randint(1, 12))] for _ in range(n)]
+
+
+def _tries(seed: int, n: int) -> list[TokenTrie | None]:
+    rng = random.Random(seed)
+    out: list[TokenTrie | None] = []
+    for _ in range(n):
+        if rng.random() < 0.4:
+            out.append(None)
+            continue
+        seqs = [
+            [rng.randrange(2, VOCAB) for _ in range(rng.randint(0, 4))] + [STOP]
+            for _ in range(rng.randint(1, 4))
+        ]
+        out.append(TokenTrie(seqs))
+    return out
+
+
+@torch.no_grad()
+def _oracle(model, prompt, sampling, row, trie):
+    """One row alone: a full forward over prompt + reply so far at every step, no cache."""
+    toks: list[int] = []
+    lps: list[float] = []
+    for _ in range(MAX_NEW):
+        z = model(input_ids=torch.tensor([prompt + toks])).logits[0, -1].float()
+        allowed = None if trie is None else trie.allowed(toks)
+        keep = torch.ones(VOCAB, dtype=torch.bool)
+        if allowed is not None:
+            keep[:] = False
+            keep[allowed] = True
+        tok = int(sampling.pick(z.masked_fill(~keep, float("-inf"))[None], [row])[0])
+        scaled = (z / sampling.scale).masked_fill(~keep, float("-inf"))
+        toks.append(tok)
+        lps.append(float(torch.log_softmax(scaled, -1)[tok]))
+        if tok == STOP:
+            break
+    return toks, lps
+
+
+def _sampling(kind: str, n: int, seed: int) -> Sampling:
+    if kind == "greedy":
+        return Sampling(1.0, True)
+    temperature = 0.7 if kind == "seeded-0.7" else 1.0
+    sampler = RowSeededSampler([seed * 100 + i for i in range(n)], temperature, torch.device("cpu"))
+    return Sampling(temperature, False, sampler.draw)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.integers(1, 6),
+    kind=st.sampled_from(["greedy", "seeded-1", "seeded-0.7"]),
+    constrained=st.booleans(),
+    compact=st.sampled_from([0.0, 0.75, 1.0]),
+)
+def test_decode_equals_each_row_decoded_alone_without_a_cache(
+    model, seed, n, kind, constrained, compact
+) -> None:
+    prompts = _prompts(seed, n)
+    tries = _tries(seed, n) if constrained else [None] * n
+    ids, mask = _left_pad(prompts)
+    cache = buffer_cache(model.config, ids.shape[1] + MAX_NEW - 1)
+    old = decode_module.COMPACT_BELOW
+    decode_module.COMPACT_BELOW = compact  # 0: never compact, 1: at every stop
+    try:
+        with torch.no_grad():
+            got = decode(model, ids, mask, cache, MAX_NEW, [STOP], _sampling(kind, n, seed), tries)
+    finally:
+        decode_module.COMPACT_BELOW = old
+    oracle_sampling = _sampling(kind, n, seed)  # fresh streams: each row's draws start over
+    for row, (prompt, trie, reply) in enumerate(zip(prompts, tries, got)):
+        toks, lps = _oracle(model, prompt, oracle_sampling, row, trie)
+        assert reply.tokens == toks
+        torch.testing.assert_close(
+            torch.tensor(reply.logprobs), torch.tensor(lps), atol=1e-5, rtol=0
+        )
+        if trie is not None:
+            assert toks in trie.sequences or len(toks) == MAX_NEW
+
+
+def test_decode_from_a_filled_cache_equals_decode_from_scratch(model) -> None:
+    prompts = _prompts(3, 5)
+    ids, mask = _left_pad(prompts)
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    greedy = Sampling(1.0, True)
+    with torch.no_grad():
+        scratch = decode(
+            model,
+            ids,
+            mask,
+            buffer_cache(model.config, ids.shape[1] + MAX_NEW - 1),
+            MAX_NEW,
+            [STOP],
+            greedy,
+            [None] * 5,
+        )
+        cache = buffer_cache(model.config, ids.shape[1] + MAX_NEW - 1)
+        model(
+            input_ids=ids[:, :-1],
+            attention_mask=mask[:, :-1],
+            position_ids=pos[:, :-1],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        filled = decode(model, ids, mask, cache, MAX_NEW, [STOP], greedy, [None] * 5)
+    assert [r.tokens for r in scratch] == [r.tokens for r in filled]
+
+
+def test_buffer_layers_give_the_dynamic_cache_forward_and_refuse_overflow(model) -> None:
+    from transformers import DynamicCache
+
+    ids = torch.tensor([_prompts(5, 1)[0] * 2, _prompts(6, 1)[0] * 2])[:, :8]
+    step = torch.tensor([[5], [6]])
+    with torch.no_grad():
+        dyn = DynamicCache(config=model.config)
+        a = model(input_ids=ids, past_key_values=dyn, use_cache=True).logits
+        a2 = model(input_ids=step, past_key_values=dyn, use_cache=True).logits
+        buf = buffer_cache(model.config, 9)
+        b = model(input_ids=ids, past_key_values=buf, use_cache=True).logits
+        b2 = model(input_ids=step, past_key_values=buf, use_cache=True).logits
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+        torch.testing.assert_close(a2, b2, atol=1e-6, rtol=0)
+        assert buf.get_seq_length() == 9
+        with pytest.raises(RuntimeError, match="KV buffer full"):
+            model(input_ids=step, past_key_values=buf, use_cache=True)
