@@ -288,10 +288,19 @@ class Trainer:
         trainer's model runs the radix-tree forward over the batch, the same on every rank
         (every rank scores the gathered batch: ZeRO-3 needs as many forwards on each).
         Without it: the plain padded forward."""
-        reuse = self.cfg.rollout.prefix_reuse
-        if reuse and not self.generator.copies_weights:
+        cached = self._rollout_scorer()
+        if cached is not None:
+            return cached
+        return model_scorer(
+            self.policy.model, self.pad_id, share_prefixes=self.cfg.rollout.prefix_reuse
+        )
+
+    def _rollout_scorer(self) -> Scorer | None:
+        """The backend's scorer from its prefix cache (hf, ``rollout.prefix_reuse``), which the
+        update may use while the weights are still the rollout's; None otherwise."""
+        if self.cfg.rollout.prefix_reuse and not self.generator.copies_weights:
             return self.generator.score
-        return model_scorer(self.policy.model, self.pad_id, share_prefixes=reuse)
+        return None
 
     def phase_credit(self, k: int, rb: RolloutBatch) -> CreditAssignment:
         """Token coefficients of the method at step k; the shuffled ablations draw from the
@@ -320,6 +329,7 @@ class Trainer:
             teacher_prompts,
             stream_generator(self.cfg.seed, k, "minibatch"),
             self.critic,
+            self._rollout_scorer(),
         )
         self.policy.model.eval()
         if self.critic is not None:

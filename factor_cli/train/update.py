@@ -50,6 +50,7 @@ from factor_cli.credit import (
     whiten,
 )
 from factor_cli.policy.generation import score_replies
+from factor_cli.policy.generation.scoring import Scorer
 from factor_cli.rollout.packing import RolloutBatch
 
 from .config import TrainConfig
@@ -127,6 +128,11 @@ class UpdateContext:
     critic: CriticEngine | None = None
     """PPO's critic (methods with ``critic=True``) in its own engine, trained on the policy's
     micro-batches; else None."""
+    teacher_scorer: Scorer | None = None
+    """Scores under the rollout's weights from what the backend already encoded (hf's prefix
+    cache: the teacher's prompt is the student's plus the feedback block, so only that block
+    and the reply are computed). Used for the KL teacher's logits until this phase's first
+    optimiser step, after which the weights differ; None: the engine's module always."""
 
     @property
     def share_prefixes(self) -> bool:
@@ -165,22 +171,27 @@ def ppo_update(
     teacher_prompts: Sequence[Sequence[int]] | None,
     generator: torch.Generator,
     critic: CriticEngine | None = None,
+    teacher_scorer: Scorer | None = None,
 ) -> UpdateStats:
     """One PPO phase (``ppo_epochs`` x ``minibatches``); returns averaged statistics.
 
     ``generator`` draws the mini-batch permutation of each epoch and nothing else: the trainer
     gives it a stream of its own, so the order does not depend on the method's other draws.
     ``critic``: trained on the same micro-batches, with its own optimiser step after each
-    mini-batch (its engine's, as the policy's).
+    mini-batch (its engine's, as the policy's). ``teacher_scorer``: see
+    :attr:`UpdateContext.teacher_scorer` (the first mini-batch only).
     """
     layout = Layout.of(rb)
-    ctx = UpdateContext(engine, rb, credit, cfg, pad_id, teacher_prompts, layout, critic)
+    ctx = UpdateContext(
+        engine, rb, credit, cfg, pad_id, teacher_prompts, layout, critic, teacher_scorer
+    )
     n_act = rb.batch.num_actions
     total, n_updates = UpdateStats(), 0
     for _ in range(cfg.optim.ppo_epochs):
         order = torch.randperm(n_act, generator=generator).tolist()
         for mb in _split(n_act, cfg.optim.minibatches):
             stats = minibatch_step(ctx, [order[i] for i in mb])
+            ctx = replace(ctx, teacher_scorer=None)  # the step below changes the weights
             stats.grad_norm = engine.step()
             if critic is not None:
                 stats.critic_grad_norm = critic.step()
@@ -360,18 +371,27 @@ def _allowed(rb: RolloutBatch, acts: Sequence[int]) -> list[list[list[int]] | No
 
 @torch.no_grad()
 def _teacher_logits(ctx: UpdateContext, acts: Sequence[int], dev: torch.device) -> torch.Tensor:
-    """The teacher's next-token logits at the action tokens, [N_tok, V] (no gradient)."""
+    """The teacher's next-token logits at the action tokens, [N_tok, V] (no gradient): from
+    the teacher scorer while the weights are the rollout's, else a forward of the module."""
     rb = ctx.rb
-    tsc = score_replies(
-        ctx.engine.module,
-        [ctx.teacher_prompts[a] for a in acts],  # type: ignore[index]  (with_kl: not None)
-        [rb.replies[a] for a in acts],
-        ctx.cfg.rollout.temperature,
-        ctx.pad_id,
-        return_logits=True,
-        allowed=_allowed(rb, acts),
-        share_prefixes=ctx.share_prefixes,
-    )
+    prompts = [ctx.teacher_prompts[a] for a in acts]  # type: ignore[index]  (with_kl: not None)
+    replies = [rb.replies[a] for a in acts]
+    temperature = ctx.cfg.rollout.temperature
+    if ctx.teacher_scorer is not None and ctx.share_prefixes:
+        tsc = ctx.teacher_scorer(
+            prompts, replies, temperature, _allowed(rb, acts), return_logits=True
+        )
+    else:
+        tsc = score_replies(
+            ctx.engine.module,
+            prompts,
+            replies,
+            temperature,
+            ctx.pad_id,
+            return_logits=True,
+            allowed=_allowed(rb, acts),
+            share_prefixes=ctx.share_prefixes,
+        )
     return torch.cat(
         [z[torch.tensor(rb.action_masks[a], device=dev)] for z, a in zip(tsc.logits, acts)]
     )

@@ -379,6 +379,16 @@ def test_cached_scoring_equals_the_model_forward(policy) -> None:
     assert own.score_reused_tokens > before  # the student prompts' KV were reused
     for a, b in zip(got, want):
         assert a == pytest.approx(b, abs=1e-5)
+    # The update's KL teacher: the logits at every reply position (masked to C_j), as well.
+    tprompts = [ids for ids, _ in own.encode(teacher_prompt_texts(FMT, policy.tokenizer, played))]
+    replies = [t.reply_ids for ep in played for t in ep.turns]
+    # Every other reply as if constrained: C_j = {y_j, 3, 5}.
+    allowed = [None if i % 2 else [sorted({y, 3, 5}) for y in r] for i, r in enumerate(replies)]
+    cached = own.score(tprompts, replies, 1.0, allowed, return_logits=True).logits
+    direct = plain(tprompts, replies, 1.0, allowed, return_logits=True).logits
+    assert cached is not None and direct is not None and len(cached) == len(replies)
+    for x, y in zip(cached, direct):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
     prompts = [t.prompt_ids for ep in played for t in ep.turns]
     torch.testing.assert_close(
         boundary_features(own.score, prompts),

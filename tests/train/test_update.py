@@ -89,6 +89,45 @@ def test_trainer_loss_is_credit_objective(tiny_model_dir: Path, reduction: str) 
         assert getattr(got, stat) == pytest.approx(want_t, rel=1e-5, abs=1e-6), stat
 
 
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_the_teacher_scorer_serves_only_the_rollout_weights(
+    tiny_model_dir: Path, minibatches: int
+) -> None:
+    """The KL teacher's logits come from the backend's scorer (the rollout's weights) for the
+    first mini-batch only: after an optimiser step they would be stale. A scorer frozen at the
+    rollout's weights gives the update the losses of scoring the live module."""
+    import copy
+
+    from factor_cli.policy.generation.scoring import model_scorer
+    from factor_cli.policy.model import load_policy
+    from factor_cli.train.engine import Engine
+    from factor_cli.train.update import ppo_update
+
+    overrides = ["optim.micro_batch_actions=3", f"optim.minibatches={minibatches}"]
+    cfg = load_config("smoke", overrides)
+    policy = load_policy(str(tiny_model_dir))
+    rb = synthetic_batch(policy.model)
+    credit = assign_credit(rb.batch, "serl-uniform", 20)
+    teacher = [[*p, 7, 8, 9] for p in rb.prompts]
+    frozen = model_scorer(copy.deepcopy(policy.model).eval(), 0, share_prefixes=True)
+    calls: list[int] = []
+
+    def scorer(prompts, *args, **kwargs):
+        calls.append(len(prompts))
+        return frozen(prompts, *args, **kwargs)
+
+    runs = []
+    for given_scorer in (None, scorer):
+        engine = Engine(copy.deepcopy(policy.model), cfg)
+        gen = torch.Generator().manual_seed(0)
+        runs.append(ppo_update(engine, rb, credit, cfg, 0, teacher, gen, None, given_scorer))
+    n_act = rb.batch.num_actions
+    assert sum(calls) == -(-n_act // minibatches)  # the first mini-batch's actions
+    off, on = runs
+    for stat in ("loss", "action_loss", "non_action_loss", "kl"):
+        assert getattr(on, stat) == pytest.approx(getattr(off, stat), rel=1e-5, abs=1e-6), stat
+
+
 def _rollout_batch(seed: int) -> RolloutBatch:
     """A random packed batch (teacher, values, states: every method runs) as a RolloutBatch
     whose replies are all action tokens."""
@@ -142,6 +181,7 @@ def test_minibatch_order_is_the_same_for_every_method(monkeypatch: pytest.Monkey
             pad_id=0,
             policy=SimpleNamespace(model=torch.nn.Linear(1, 1)),
             critic=None,  # the update's order must not depend on whether a critic trains
+            _rollout_scorer=lambda: None,
         )
         credit = Trainer.phase_credit(trainer, 20, rb)  # type: ignore[arg-type]
         fed.clear()

@@ -175,11 +175,13 @@ class GenerationBackend(Protocol):
         temperature: float = 1.0,
         allowed: Sequence[Sequence[Sequence[int]] | None] | None = None,
         return_hidden: bool = False,
+        return_logits: bool = False,
     ) -> Scores:
         """Teacher-forced log-probs of ``replies[i]`` after ``prompts[i]`` (token ids) under the
         trainer's current weights, no gradient, as :func:`.scoring.score_replies` computes them
-        (and the last-layer hidden state at each prompt's last token): the teacher's and the
-        value head's passes. A backend may start from KV it already holds (hf's prefix cache)."""
+        (and the last-layer hidden state at each prompt's last token, and the logits at each
+        reply position): the teacher's and the value head's passes. A backend may start from
+        KV it already holds (hf's prefix cache)."""
         ...
 
     def generate(
@@ -262,11 +264,12 @@ class TokenizedBackend:
         temperature: float = 1.0,
         allowed: Sequence[Sequence[Sequence[int]] | None] | None = None,
         return_hidden: bool = False,
+        return_logits: bool = False,
     ) -> Scores:
         """Teacher-forced scores under the trainer's model, no gradient (a
         :class:`~.scoring.Scorer`): the radix-tree forward, each shared prefix encoded once."""
         from .scoring import model_scorer
 
         return model_scorer(self.model, self.pad_id, share_prefixes=True)(
-            prompts, replies, temperature, allowed, return_hidden
+            prompts, replies, temperature, allowed, return_hidden, return_logits
         )

@@ -314,6 +314,7 @@ class HFGenerator(TokenizedBackend):
         temperature: float = 1.0,
         allowed: Sequence[Sequence[Sequence[int]] | None] | None = None,
         return_hidden: bool = False,
+        return_logits: bool = False,
     ) -> Scores:
         """:func:`.scoring.score_replies` (no gradient) that starts each sequence x + y from
         the longest prefix of x[:-1] the prefix cache holds, so the teacher's prompts (the
@@ -322,7 +323,9 @@ class HFGenerator(TokenizedBackend):
         batched by how much they must compute, so one uncached row does not make a batch
         recompute the others' stored tokens. Without prefix reuse: the radix-tree forward."""
         if not self.prefix_reuse:  # no cache to start from: the shared radix-tree scorer
-            return super().score(prompts, replies, temperature, allowed, return_hidden)
+            return super().score(
+                prompts, replies, temperature, allowed, return_hidden, return_logits
+            )
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token (its last one predicts it)")
         self._check_weights()
@@ -330,6 +333,7 @@ class HFGenerator(TokenizedBackend):
         new = [len(p) + len(r) - m.length for p, r, m in zip(prompts, replies, found)]
         logps: list[Any] = [None] * len(prompts)
         hidden: list[Any] = [None] * len(prompts)
+        logits: list[Any] = [None] * len(prompts)
         for rows in self._cost_batches(new):
             z, h = self._score_rows(
                 [list(prompts[i]) for i in rows],
@@ -338,11 +342,12 @@ class HFGenerator(TokenizedBackend):
                 return_hidden,
             )
             sets = None if allowed is None else [allowed[i] for i in rows]
-            lp, _ = reply_scores([x / temperature for x in z], [replies[i] for i in rows], sets)
+            lp, zs = reply_scores([x / temperature for x in z], [replies[i] for i in rows], sets)
             for k, i in enumerate(rows):
-                logps[i] = lp[k]
+                logps[i], logits[i] = lp[k], zs[k]
                 hidden[i] = None if h is None else h[k]
-        return Scores(logps, torch.stack(hidden) if return_hidden else None, None)
+        hidden_t = torch.stack(hidden) if return_hidden else None
+        return Scores(logps, hidden_t, logits if return_logits else None)
 
     def _cost_batches(self, new: list[int], slack: float = 1.25) -> list[list[int]]:
         """Row indices by ascending count of tokens to compute, cut into batches of at most

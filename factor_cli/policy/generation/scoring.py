@@ -57,9 +57,10 @@ def reply_scores(
 
 
 class Scorer(Protocol):
-    """Teacher-forced scoring without gradient (the teacher's and the value head's passes):
-    :func:`score_replies` on a model (:func:`model_scorer`), or a backend's own scorer that
-    starts from the KV it already holds (:meth:`.hf.HFGenerator.score`). Same outputs."""
+    """Teacher-forced scoring without gradient (the teacher's and the value head's passes, the
+    update's KL teacher at the rollout's weights): :func:`score_replies` on a model
+    (:func:`model_scorer`), or a backend's own scorer that starts from the KV it already holds
+    (:meth:`.hf.HFGenerator.score`). Same outputs."""
 
     def __call__(
         self,
@@ -68,6 +69,7 @@ class Scorer(Protocol):
         temperature: float = 1.0,
         allowed: Sequence[Sequence[Sequence[int]] | None] | None = None,
         return_hidden: bool = False,
+        return_logits: bool = False,
     ) -> Scores: ...
 
 
@@ -80,6 +82,7 @@ def model_scorer(model: torch.nn.Module, pad_id: int, share_prefixes: bool = Fal
         temperature: float = 1.0,
         allowed: Sequence[Sequence[Sequence[int]] | None] | None = None,
         return_hidden: bool = False,
+        return_logits: bool = False,
     ) -> Scores:
         return score_replies(
             model,
@@ -88,6 +91,7 @@ def model_scorer(model: torch.nn.Module, pad_id: int, share_prefixes: bool = Fal
             temperature,
             pad_id,
             return_hidden=return_hidden,
+            return_logits=return_logits,
             allowed=allowed,
             share_prefixes=share_prefixes,
         )
