@@ -1,5 +1,6 @@
 """A fixed synthetic rollout batch (random prompts and replies, GRPO-style groups) for update
-tests that need no environment: the data-parallel worker, the micro-batching test, the GPU check.
+tests that need no environment: the data-parallel worker, the micro-batching test, the GPU check;
+and the random tiny Llama of the forward-level tests.
 """
 
 from __future__ import annotations
@@ -64,3 +65,21 @@ def synthetic_batch(
         [""] * n,
         [(i // per, i % per) for i in range(n)],
     )
+
+
+def random_llama(vocab: int, max_positions: int = 256, seed: int = 0) -> torch.nn.Module:
+    """A random 2-layer Llama (hidden 32, 4 heads, 2 KV heads), fp32, in eval mode, built from a
+    config (nothing downloaded): the forward-level tests' model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+    )
+    return LlamaForCausalLM(cfg).float().eval()

@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from synthetic import random_llama
 
 from factor_cli.policy.generation import decode as decode_module
 from factor_cli.policy.generation.constrained import TokenTrie
@@ -25,19 +26,7 @@ MAX_NEW = 7
 
 @pytest.fixture(scope="module")
 def model() -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    net = LlamaForCausalLM(cfg).float().eval()
+    net = random_llama(VOCAB, 128)
     with torch.no_grad():  # make the stop token likely, so rows end at different steps
         net.lm_head.weight[STOP] += 0.6 * net.lm_head.weight[2:].mean(0)
         net.lm_head.weight[STOP] *= 3.0
@@ -181,3 +170,34 @@ def test_buffer_layers_give_the_dynamic_cache_forward_and_refuse_overflow(model)
         assert buf.get_seq_length() == 9
         with pytest.raises(RuntimeError, match="KV buffer full"):
             model(input_ids=step, past_key_values=buf, use_cache=True)
+
+
+def test_a_sliding_window_model_decodes_on_its_own_cache() -> None:
+    """Layers that keep other state than every position's KV (a sliding window) get their own
+    ``DynamicCache``: greedy decoding still equals the cache-free oracle, past the window."""
+    from transformers import MistralConfig, MistralForCausalLM
+    from transformers.cache_utils import DynamicLayer
+
+    torch.manual_seed(1)
+    cfg = MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        sliding_window=4,
+    )
+    net = MistralForCausalLM(cfg).float().eval()
+    prompts = _prompts(11, 4)
+    ids, mask = _left_pad(prompts)
+    cache = buffer_cache(net.config, ids.shape[1] + MAX_NEW - 1)
+    assert any(type(layer) is not DynamicLayer for layer in cache.layers)  # not replaced
+    with pytest.raises(ValueError, match="full-attention"):
+        buffer_cache(net.config, 8, torch.zeros(2, 2, 1, 2, 8, 16), 3)
+    greedy = Sampling(1.0, True)
+    with torch.no_grad():
+        got = decode(net, ids, mask, cache, MAX_NEW, [STOP], greedy, [None] * 4)
+    for row, (prompt, reply) in enumerate(zip(prompts, got)):
+        assert reply.tokens == _oracle(net, prompt, greedy, row, None)[0]

@@ -16,6 +16,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from synthetic import random_llama
 
 from factor_cli.policy.generation import score_replies
 from factor_cli.policy.generation.shared_prefix import path, radix_tree, tree_size
@@ -25,19 +26,7 @@ VOCAB = 40
 
 @pytest.fixture(scope="module")
 def model() -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    return LlamaForCausalLM(cfg).float().eval()
+    return random_llama(VOCAB, 256)
 
 
 def _batch(seed: int) -> tuple[list[list[int]], list[list[int]]]:
