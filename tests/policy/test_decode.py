@@ -109,11 +109,17 @@ def test_decode_equals_each_row_decoded_alone_without_a_cache(
     cache = buffer_cache(model.config, ids.shape[1] + MAX_NEW - 1)
     old = decode_module.COMPACT_BELOW
     decode_module.COMPACT_BELOW = compact  # 0: never compact, 1: at every stop
+    calls: list[int] = []
+    hook = model.register_forward_hook(lambda *_: calls.append(1))
     try:
         with torch.no_grad():
             got = decode(model, ids, mask, cache, MAX_NEW, [STOP], _sampling(kind, n, seed), tries)
     finally:
         decode_module.COMPACT_BELOW = old
+        hook.remove()
+    # One forward per step, and no step after the last row stopped (a stopped row that stays
+    # in the batch must not count as decoding again).
+    assert len(calls) == max(len(r.tokens) for r in got)
     oracle_sampling = _sampling(kind, n, seed)  # fresh streams: each row's draws start over
     for row, (prompt, trie, reply) in enumerate(zip(prompts, tries, got)):
         toks, lps = _oracle(model, prompt, oracle_sampling, row, trie)
@@ -201,3 +207,30 @@ def test_a_sliding_window_model_decodes_on_its_own_cache() -> None:
         got = decode(net, ids, mask, cache, MAX_NEW, [STOP], greedy, [None] * 4)
     for row, (prompt, reply) in enumerate(zip(prompts, got)):
         assert reply.tokens == _oracle(net, prompt, greedy, row, None)[0]
+
+
+def test_decoding_ends_when_the_last_row_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row that stopped and stays in the batch (no compaction) decodes on, and may draw
+    other tokens after its stop: it is still done. A scripted model stops each row at absolute
+    position 3 and writes token 5 everywhere else."""
+    from types import SimpleNamespace
+
+    from transformers import DynamicCache
+
+    class Scripted(torch.nn.Module):
+        def forward(
+            self, input_ids: torch.Tensor, position_ids: torch.Tensor, **_: object
+        ) -> SimpleNamespace:
+            z = torch.zeros(input_ids.shape[0], 1, VOCAB)
+            z[:, 0, 5] = 1.0
+            z[position_ids[:, -1] == 3, 0, STOP] = 2.0
+            return SimpleNamespace(logits=z)
+
+    monkeypatch.setattr(decode_module, "COMPACT_BELOW", 0.0)
+    prompts = [[3] * n for n in (1, 2, 3, 4)]  # stops after 4, 3, 2 and 1 tokens
+    ids, mask = _left_pad(prompts)
+    net, calls = Scripted(), []
+    net.register_forward_hook(lambda *_: calls.append(1))
+    got = decode(net, ids, mask, DynamicCache(), MAX_NEW, [STOP], Sampling(1.0, True), [None] * 4)
+    assert [r.tokens for r in got] == [[5, 5, 5, STOP], [5, 5, STOP], [5, STOP], [STOP]]
+    assert len(calls) == 4

@@ -181,6 +181,7 @@ def decode(
     full[:, :width] = mask
     pos = (mask.cumsum(-1) - 1).clamp_min(0)
     rows = list(range(n))  # batch row -> original row
+    done = torch.zeros(n, dtype=torch.bool, device=device)  # per batch row: a stop was drawn
     out: list[list[int]] = [[] for _ in range(n)]
     lps: list[list[float]] = [[] for _ in range(n)]
     start = cache.get_seq_length()
@@ -206,7 +207,8 @@ def decode(
         for b, t, p in zip(rows, tok.tolist(), lp.tolist()):
             out[b].append(t)
             lps[b].append(p)
-        going = ~torch.isin(tok, stops)
+        done |= torch.isin(tok, stops)
+        going = ~done
         if j + 1 == max_new_tokens or not bool(going.any()):
             break
         full[:, cols] = 1
@@ -215,7 +217,7 @@ def decode(
             idx = going.nonzero().squeeze(-1)
             cache.batch_select_indices(idx)
             rows = [rows[i] for i in idx.tolist()]
-            full, step_ids, step_pos = full[idx], step_ids[idx], step_pos[idx]
+            full, step_ids, step_pos, done = full[idx], step_ids[idx], step_pos[idx], done[idx]
         # A stopped row still in the batch decodes on; its extra tokens are cut below.
     return [_cut(t, p, set(int(s) for s in stop_ids)) for t, p in zip(out, lps)]
 
