@@ -67,13 +67,16 @@ def synthetic_batch(
     )
 
 
-def random_llama(vocab: int, max_positions: int = 256, seed: int = 0) -> torch.nn.Module:
-    """A random 2-layer Llama (hidden 32, 4 heads, 2 KV heads), fp32, in eval mode, built from a
-    config (nothing downloaded): the forward-level tests' model."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def random_llama(
+    vocab: int, max_positions: int = 256, seed: int = 0, arch: str = "Llama", **extra: object
+) -> torch.nn.Module:
+    """A random 2-layer causal LM of family ``arch`` (hidden 32, 4 heads, 2 KV heads; ``extra``
+    config fields, e.g. Mistral's ``sliding_window``), fp32, in eval mode, built from a config
+    (nothing downloaded): the forward-level tests' model."""
+    import transformers
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(
+    cfg = getattr(transformers, f"{arch}Config")(
         vocab_size=vocab,
         hidden_size=32,
         intermediate_size=64,
@@ -81,5 +84,6 @@ def random_llama(vocab: int, max_positions: int = 256, seed: int = 0) -> torch.n
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=max_positions,
+        **extra,
     )
-    return LlamaForCausalLM(cfg).float().eval()
+    return getattr(transformers, f"{arch}ForCausalLM")(cfg).float().eval()

@@ -181,21 +181,9 @@ def test_buffer_layers_give_the_dynamic_cache_forward_and_refuse_overflow(model)
 def test_a_sliding_window_model_decodes_on_its_own_cache() -> None:
     """Layers that keep other state than every position's KV (a sliding window) get their own
     ``DynamicCache``: greedy decoding still equals the cache-free oracle, past the window."""
-    from transformers import MistralConfig, MistralForCausalLM
     from transformers.cache_utils import DynamicLayer
 
-    torch.manual_seed(1)
-    cfg = MistralConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        sliding_window=4,
-    )
-    net = MistralForCausalLM(cfg).float().eval()
+    net = random_llama(VOCAB, 128, seed=1, arch="Mistral", sliding_window=4)
     prompts = _prompts(11, 4)
     ids, mask = _left_pad(prompts)
     cache = buffer_cache(net.config, ids.shape[1] + MAX_NEW - 1)

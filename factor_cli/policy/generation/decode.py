@@ -195,14 +195,14 @@ def decode(
             use_cache=True,
             logits_to_keep=1,
         ).logits[:, -1, :]
-        z = logits.float()
-        keep = _trie_keep(tries, rows, out, z.shape[-1])
-        if keep is not None:
-            z = z.masked_fill(~keep.to(device), float("-inf"))
+        raw = logits.float()
+        keep = _trie_keep(tries, rows, out, raw.shape[-1])
+        off = None if keep is None else ~keep.to(device)  # one transfer, both masks
+        z = raw if off is None else raw.masked_fill(off, float("-inf"))
         tok = sampling.pick(z, rows)
-        scaled = logits.float() / sampling.scale
-        if keep is not None:
-            scaled = scaled.masked_fill(~keep.to(device), MASKED_LOGIT)
+        scaled = raw / sampling.scale
+        if off is not None:
+            scaled = scaled.masked_fill(off, MASKED_LOGIT)
         lp = torch.log_softmax(scaled, -1).gather(-1, tok[:, None]).squeeze(-1)
         for b, t, p in zip(rows, tok.tolist(), lp.tolist()):
             out[b].append(t)
