@@ -204,13 +204,3 @@ def constrained_logits(
         )
     keep = allowed_mask(allowed_ids, logits.shape[-1], logits.device)
     return logits.masked_fill(~keep, fill)
-
-
-def constrained_logprobs(
-    logits: torch.Tensor, tokens: Sequence[int], allowed_ids: Sequence[Sequence[int]] | None
-) -> torch.Tensor:
-    """log pi(y_j) of ``tokens`` [G] from ``logits`` [G, V] (already divided by T):
-    z[y] - logsumexp(z[C_j]) under the constraint, the free log_softmax when it is None."""
-    z = logits if allowed_ids is None else constrained_logits(logits, allowed_ids)
-    target = torch.tensor(list(tokens), dtype=torch.long, device=z.device)
-    return torch.log_softmax(z, dim=-1).gather(-1, target[:, None]).squeeze(-1)
