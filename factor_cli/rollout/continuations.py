@@ -20,9 +20,12 @@ interactions per checkpoint.
 
 From each checkpoint the environment is restored (reset + replay, observations checked), then M
 continuations run under the frozen behaviour policy (temperature 1.0 by default) for at most
-``horizon`` (15) further turns or until the episode ends, all batched together through the same
-runner as the root rollouts. Each continuation's terminal outcome, mapped to the scale of
-r_{T-1} (the convention's terminal reward), is one Monte-Carlo target for V(x_t).
+``horizon`` (15) further turns or until the episode ends, batched through the same runner as the
+root rollouts: by default (``OVERLAP``) a root's continuations start as soon as it ends and share
+the decode batches of the roots still running, which leaves fewer, fuller batches than playing
+them after every root has ended, with the same episodes (:class:`ContinuationPlan`). Each
+continuation's terminal outcome, mapped to the scale of r_{T-1} (the convention's terminal
+reward), is one Monte-Carlo target for V(x_t).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .runner import Episode, RolloutRunner, Start
+from .runner import Episode, Job, RolloutRunner, Start
 
 # The one home of the continuation defaults (DESIGN sections 4-5); `continuations.*` in the
 # training config takes its defaults from here.
@@ -44,6 +47,8 @@ HORIZON = 15
 """Maximum further turns of one continuation."""
 TEMPERATURE = 1.0
 """Sampling temperature of the frozen behaviour policy during continuations."""
+OVERLAP = True
+"""Play each root's continuations as soon as it ends, alongside the other roots."""
 SUPPORTS = ("paper", "interior")
 SUPPORT = "paper"
 """Which states checkpoints are drawn from (module docstring): the paper's rule by default."""
@@ -108,6 +113,85 @@ class ContinuationResult:
     """Continuations that could not start (failed restore, engine crash)."""
 
 
+@dataclass(frozen=True)
+class ContinuationPlan:
+    """Which continuations a root trajectory gets, and how they sample: the checkpoints of
+    root ``key`` are drawn from a stream of its own, seeded by (seed, key), and continuation m
+    of its checkpoint j samples from reply stream (seed, (key * B + j) * M + m). A root's
+    continuations therefore depend on that root alone, so they can start as soon as it ends,
+    alongside the roots still running (``continuations.overlap``), or after every root has
+    ended, and be the same episodes."""
+
+    budget: int = BUDGET
+    per_checkpoint: int = PER_CHECKPOINT
+    horizon: int = HORIZON
+    temperature: float = TEMPERATURE
+    seed: int = 0
+    support: str = SUPPORT
+
+    def turns(self, key: int, root: Episode) -> list[int]:
+        """The checkpoint turns of root ``key``; none for a root cut short by an error."""
+        if root.error is not None:
+            return []
+        rng = random.Random(f"checkpoints:{self.seed}:{key}")
+        return select_checkpoints(len(root.turns), self.budget, rng, self.support)
+
+    def jobs(self, key: int, root: Episode) -> list[Job]:
+        """M continuation jobs per checkpoint of root ``key``, in checkpoint order."""
+        prefix, m = len(root.start.prefix_actions), self.per_checkpoint
+        return [
+            Job(
+                Start(
+                    instance_id=root.start.instance_id,
+                    group=root.start.group,
+                    prefix_actions=root.actions[: prefix + t],
+                    prefix_observations=root.observations[: prefix + t + 1],
+                    max_turns=self.horizon,
+                ),
+                key=(key * self.budget + j) * m + i,
+                seed=self.seed,
+                temperature=self.temperature,
+            )
+            for j, t in enumerate(self.turns(key, root))
+            for i in range(m)
+        ]
+
+    def result(
+        self,
+        roots: Sequence[Episode],
+        keys: Sequence[int],
+        played: Sequence[Sequence[Episode]],
+        convention: str,
+    ) -> ContinuationResult:
+        """The result over ``roots`` (root r has key ``keys[r]``) from the continuation
+        episodes each one's :meth:`jobs` played (``played[r]``, in job order)."""
+        checkpoints: list[Checkpoint] = []
+        episodes: list[Episode] = []
+        owner: list[int] = []
+        for r, (key, root, conts) in enumerate(zip(keys, roots, played)):
+            turns = self.turns(key, root)
+            if len(conts) != len(turns) * self.per_checkpoint:
+                raise ValueError(
+                    f"root {key} has {len(conts)} continuations, its plan "
+                    f"{len(turns) * self.per_checkpoint}"
+                )
+            for t in turns:
+                owner += [len(checkpoints)] * self.per_checkpoint
+                checkpoints.append(Checkpoint(r, t))
+            episodes += conts
+        return ContinuationResult(
+            checkpoints=checkpoints,
+            episodes=episodes,
+            targets=continuation_targets(roots, episodes, convention),
+            checkpoint_of=owner,
+            interactions=sum(len(ep.turns) for ep in episodes),
+            replay_steps=sum(
+                len(ep.start.prefix_actions) for ep in episodes if not ep.start_failed
+            ),
+            failed=sum(ep.start_failed for ep in episodes),
+        )
+
+
 def run_continuations(
     runner: RolloutRunner,
     roots: Sequence[Episode],
@@ -119,43 +203,19 @@ def run_continuations(
     seed: int = 0,
     on_turn: Callable[[int, int], None] | None = None,
     support: str = SUPPORT,
+    keys: Sequence[int] | None = None,
 ) -> ContinuationResult:
     """B checkpoints per root trajectory (``budget``), M continuations each (``per_checkpoint``),
-    drawn by the ``support`` rule (module docstring)."""
-    rng = random.Random(seed)
-    checkpoints: list[Checkpoint] = []
-    for i, ep in enumerate(roots):
-        if ep.error is None:
-            turns = select_checkpoints(len(ep.turns), budget, rng, support)
-            checkpoints += [Checkpoint(i, t) for t in turns]
-    starts: list[Start] = []
-    owner: list[int] = []
-    for c, cp in enumerate(checkpoints):
-        ep = roots[cp.episode]
-        for _ in range(per_checkpoint):
-            starts.append(
-                Start(
-                    instance_id=ep.start.instance_id,
-                    group=ep.start.group,
-                    prefix_actions=ep.actions[: len(ep.start.prefix_actions) + cp.turn],
-                    prefix_observations=ep.observations[
-                        : len(ep.start.prefix_actions) + cp.turn + 1
-                    ],
-                    max_turns=horizon,
-                )
-            )
-            owner.append(c)
-    steps0, replay0 = runner.env_steps, runner.replay_steps
-    conts = runner.run(starts, temperature=temperature, seed=seed, on_turn=on_turn)
-    return ContinuationResult(
-        checkpoints=checkpoints,
-        episodes=conts,
-        targets=continuation_targets(roots, conts, convention),
-        checkpoint_of=owner,
-        interactions=runner.env_steps - steps0,
-        replay_steps=runner.replay_steps - replay0,
-        failed=sum(ep.start_failed for ep in conts),
-    )
+    drawn by the ``support`` rule (module docstring) and played after every root has ended.
+    ``keys``: each root's index in its rollout (default 0, 1, ...), which seeds its draws
+    (:class:`ContinuationPlan`)."""
+    plan = ContinuationPlan(budget, per_checkpoint, horizon, temperature, seed, support)
+    keys = list(range(len(roots))) if keys is None else list(keys)
+    jobs = [plan.jobs(k, root) for k, root in zip(keys, roots)]
+    played, _ = runner.play([j for js in jobs for j in js], on_turn=on_turn)
+    bounds = list(itertools.accumulate((len(js) for js in jobs), initial=0))
+    per_root = [played[lo:hi] for lo, hi in itertools.pairwise(bounds)]
+    return plan.result(roots, keys, per_root, convention)
 
 
 def _outcome(ep: Episode) -> float:

@@ -13,6 +13,8 @@ records why in :attr:`Episode.error`, typed by :class:`FailureKind`.
 from __future__ import annotations
 
 import hashlib
+import heapq
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -136,6 +138,31 @@ class Shard(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Job:
+    """One episode to play: where it starts, and the stream its replies are sampled from."""
+
+    start: Start
+    key: int
+    """The episode's index in its sampling stream: turn t samples with reply_seed(seed, key, t)."""
+    seed: int = 0
+    temperature: float = 1.0
+    greedy: bool = False
+
+
+FollowUp = Callable[[int, Episode], Sequence[Job]]
+"""Called when the episode of job i has ended; the jobs it returns join the same loop."""
+
+
+@dataclass
+class _Live:
+    job: Job
+    episode: Episode
+    index: int
+    """The index of the job given to :meth:`play` that this is, or whose follow-up it is."""
+    followup: bool = False
+
+
 class RolloutRunner:
     """Runs episodes on a pool of environments with one batched generate per turn."""
 
@@ -167,56 +194,88 @@ class RolloutRunner:
         seed: int = 0,
         on_turn: Callable[[int, int], None] | None = None,
     ) -> list[Episode]:
-        """Play every start to the end, in waves of at most ``len(pool)`` concurrent episodes.
+        """Play every start to the end (:meth:`play`); start i samples turn t from its own
+        stream, seeded by (seed, i, t) (:func:`reply_seed`)."""
+        jobs = [Job(s, i, seed, temperature, greedy) for i, s in enumerate(starts)]
+        return self.play(jobs, on_turn=on_turn)[0]
 
-        ``seed`` fixes the sampling: turn t of the episode at index i samples from its own stream,
-        seeded by (seed, i, t) (:func:`reply_seed`), so an episode's replies do not depend on the
-        pool width, the waves, or the other episodes in a batch. With a ``shard`` (data-parallel
-        ranks) each rank plays one contiguous block of the starts and every rank gets all the
-        episodes back, in order, exactly as one process playing them all would produce them.
-        ``on_turn(finished, total)`` is called after every turn for progress display.
+    def play(
+        self,
+        jobs: Sequence[Job],
+        follow: FollowUp | None = None,
+        on_turn: Callable[[int, int], None] | None = None,
+    ) -> tuple[list[Episode], list[list[Episode]]]:
+        """Play every job to the end, at most ``len(pool)`` episodes at once: a slot freed by an
+        ending episode takes the next waiting one, and every turn of the live episodes that
+        sample alike is one batched generate.
+
+        Returns (the episode of each job, in order; the follow-up episodes of each job).
+        ``follow(i, episode)``, called when the episode of job i ends, returns jobs that join
+        the loop (FACTOR's continuations of a root, played while the other roots still run);
+        follow-ups have none of their own. An episode's replies depend only on its job
+        (:func:`reply_seed`), not on the pool width, the other episodes or when it was
+        admitted. With a ``shard`` (data-parallel ranks) each rank plays one contiguous block
+        of the jobs and every rank gets all the episodes back, in order, as one process
+        playing them all would produce them. ``on_turn(finished, total)`` is called after
+        every turn for progress display (``total`` grows as follow-ups join).
         """
         if self.shard is not None and self.shard.world > 1:
-            return self._run_sharded(starts, temperature, greedy, seed, on_turn)
-        return self._run_local(starts, range(len(starts)), temperature, greedy, seed, on_turn)
+            return self._play_sharded(jobs, follow, on_turn)
+        return self._play_local(jobs, follow, on_turn)
 
-    def _run_local(
+    def _play_local(
         self,
-        starts: Sequence[Start],
-        keys: Sequence[int],
-        temperature: float,
-        greedy: bool,
-        seed: int,
+        jobs: Sequence[Job],
+        follow: FollowUp | None,
         on_turn: Callable[[int, int], None] | None,
-    ) -> list[Episode]:
-        episodes = [Episode(start=s) for s in starts]
-        keys = list(keys)
-        width = len(self.pool)
-        for lo in range(0, len(episodes), width):
-            self._run_wave(
-                episodes[lo : lo + width],
-                keys[lo : lo + width],
-                temperature,
-                greedy,
-                seed,
-                lambda k, lo=lo: on_turn(lo + k, len(episodes)) if on_turn else None,
-            )
-        return episodes
+    ) -> tuple[list[Episode], list[list[Episode]]]:
+        episodes = [Episode(start=j.start) for j in jobs]
+        followed: list[list[Episode]] = [[] for _ in jobs]
+        waiting = deque(_Live(j, ep, i) for i, (j, ep) in enumerate(zip(jobs, episodes)))
+        live: dict[int, _Live] = {}
+        free = list(range(len(self.pool)))  # a heap: the lowest free slot is taken first
+        counts = [0, len(jobs)]  # finished, total
 
-    def _run_sharded(
+        def end(slot: int) -> None:
+            item = live.pop(slot)
+            heapq.heappush(free, slot)
+            counts[0] += 1
+            if follow is not None and not item.followup:
+                for job in follow(item.index, item.episode):
+                    ep = Episode(start=job.start)
+                    followed[item.index].append(ep)
+                    waiting.append(_Live(job, ep, item.index, followup=True))
+                    counts[1] += 1
+
+        while waiting or live:
+            while waiting and free:
+                slot = heapq.heappop(free)
+                item = waiting.popleft()
+                live[slot] = item
+                self._begin(slot, item.episode)
+                if item.episode.done:  # the start failed: no turn to play
+                    end(slot)
+            if live:
+                self._turn(live)
+                for slot in [s for s, item in live.items() if item.episode.done]:
+                    end(slot)
+            if on_turn is not None:
+                on_turn(counts[0], counts[1])
+        return episodes, followed
+
+    def _play_sharded(
         self,
-        starts: Sequence[Start],
-        temperature: float,
-        greedy: bool,
-        seed: int,
+        jobs: Sequence[Job],
+        follow: FollowUp | None,
         on_turn: Callable[[int, int], None] | None,
-    ) -> list[Episode]:
+    ) -> tuple[list[Episode], list[list[Episode]]]:
         shard = self.shard
         assert shard is not None
-        chunk = -(-len(starts) // shard.world)
-        lo, hi = min(len(starts), shard.rank * chunk), min(len(starts), (shard.rank + 1) * chunk)
+        chunk = -(-len(jobs) // shard.world)
+        lo, hi = min(len(jobs), shard.rank * chunk), min(len(jobs), (shard.rank + 1) * chunk)
         counters = (self.env_steps, self.replay_steps, self.generated_tokens)
-        mine = self._run_local(starts[lo:hi], range(lo, hi), temperature, greedy, seed, on_turn)
+        local = None if follow is None else (lambda i, ep: follow(lo + i, ep))
+        mine = self._play_local(jobs[lo:hi], local, on_turn)
         delta = (
             self.env_steps - counters[0],
             self.replay_steps - counters[1],
@@ -227,7 +286,10 @@ class RolloutRunner:
         self.env_steps = counters[0] + sum(d[0] for _, d in parts)
         self.replay_steps = counters[1] + sum(d[1] for _, d in parts)
         self.generated_tokens = counters[2] + sum(d[2] for _, d in parts)
-        return [ep for eps, _ in parts for ep in eps]
+        return (
+            [ep for (eps, _), _ in parts for ep in eps],
+            [f for (_, fs), _ in parts for f in fs],
+        )
 
     def _begin(self, slot: int, ep: Episode) -> None:
         s = ep.start
@@ -244,43 +306,30 @@ class RolloutRunner:
             ep.error = EpisodeError(FailureKind.START, str(exc))
             ep.outcome = Outcome(0.0, False, 0.0, 0, 0)
 
-    def _run_wave(
-        self,
-        eps: list[Episode],
-        keys: list[int],
-        temperature: float,
-        greedy: bool,
-        seed: int,
-        on_turn: Callable[[int], None],
-    ) -> None:
-        for slot, ep in enumerate(eps):
-            self._begin(slot, ep)
-        turn = 0
-        while True:
-            active = [i for i, ep in enumerate(eps) if not ep.done]
-            if not active:
-                break
-            admissible = [self._admissible(i) for i in active]
+    def _turn(self, live: dict[int, _Live]) -> None:
+        """One turn of every live episode: one generate per way of sampling (in practice one)."""
+        groups: dict[tuple[float, bool], list[int]] = {}
+        for slot in sorted(live):
+            job = live[slot].job
+            groups.setdefault((job.temperature, job.greedy), []).append(slot)
+        for (temperature, greedy), slots in groups.items():
+            eps = [live[s].episode for s in slots]
+            admissible = [self._admissible(s) for s in slots]
             views = [
-                TurnView(
-                    eps[i].task,
-                    eps[i].history(),
-                    eps[i].observations[-1],
-                    shown,
-                    eps[i].observations[0],
-                )
-                for i, (shown, _) in zip(active, admissible)
+                TurnView(ep.task, ep.history(), ep.observations[-1], shown, ep.observations[0])
+                for ep, (shown, _) in zip(eps, admissible)
             ]
             prompts = [render(self.fmt, v, self.tokenizer) for v in views]
-            seeds = [reply_seed(seed, keys[i], len(eps[i].turns)) for i in active]
+            seeds = [
+                reply_seed(live[s].job.seed, live[s].job.key, len(live[s].episode.turns))
+                for s in slots
+            ]
             allowed = [every for _, every in admissible] if self.constrain else None
             gens = self.generator.generate(
                 prompts, temperature=temperature, greedy=greedy, seeds=seeds, allowed=allowed
             )
-            for i, gen, (shown, _) in zip(active, gens, admissible):
-                self._advance(i, eps[i], gen, list(shown))
-            turn += 1
-            on_turn(sum(ep.done for ep in eps))
+            for slot, ep, gen, (shown, _) in zip(slots, eps, gens, admissible):
+                self._advance(slot, ep, gen, list(shown))
 
     def _admissible(self, slot: int) -> tuple[tuple[str, ...], list[str] | None]:
         """(the admissible actions the prompt shows, all of them when decoding is constrained

@@ -237,6 +237,12 @@ class ContinuationConfig(Strict):
         description="Checkpoint states: paper (t in 0..T-1, the paper's rule) or interior "
         "(1..T-1: never x_0, whose value is fixed to the baseline).",
     )
+    overlap: bool = Field(
+        continuations.OVERLAP,
+        description="Start a root's continuations as soon as it ends, in the decode batches of "
+        "the roots still running (false: after every root has ended; the same episodes, "
+        "slower; time_rollout then excludes them).",
+    )
 
 
 class ValueConfig(Strict):

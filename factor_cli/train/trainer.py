@@ -39,9 +39,13 @@ from factor_cli.policy.value_head import (
     fit_value_head,
     make_value_optimizer,
 )
-from factor_cli.rollout.continuations import ContinuationResult, run_continuations
+from factor_cli.rollout.continuations import (
+    ContinuationPlan,
+    ContinuationResult,
+    run_continuations,
+)
 from factor_cli.rollout.packing import RolloutBatch, pack_episodes
-from factor_cli.rollout.runner import Episode, RolloutRunner, Start
+from factor_cli.rollout.runner import Episode, Job, RolloutRunner, Start
 from factor_cli.rollout.teacher import teacher_logprobs, teacher_prompt_texts
 from factor_cli.rollout.values import boundary_features, continuation_targets
 
@@ -143,7 +147,10 @@ class Trainer:
         self.train_pool = instances(cfg, "train")
         n_root = cfg.rollout.groups * cfg.rollout.k
         n_cont = n_root * cfg.continuations.budget * cfg.continuations.per_checkpoint
-        size = max(n_root, n_cont if self.spec.continuations else 0)
+        if not self.spec.continuations:
+            n_cont = 0
+        # Overlapped, the continuations of the first roots to end play beside the last roots.
+        size = n_root + n_cont if cfg.continuations.overlap else max(n_root, n_cont)
         size = -(-size // self.ranks.world)  # each rank plays its block of the episodes
         self.pool = EnvPool(cfg.env.name, size, **cfg.env.options)
         self.max_turns = cfg.env.max_turns or self.pool[0].max_turns
@@ -160,35 +167,59 @@ class Trainer:
         self._lost = 0
 
     # -- phases -----------------------------------------------------------------------------
-    def phase_rollout(self, k: int) -> list[Episode]:
+    def phase_rollout(self, k: int) -> tuple[list[Episode], list[list[Episode]] | None]:
+        """The root episodes, and with ``continuations.overlap`` every root's continuations
+        (started as each root ends: :class:`ContinuationPlan`), else None."""
         cfg = self.cfg
         picks = sample_groups(self.train_pool, cfg.rollout.groups, cfg.seed, k)
         starts = [
             Start(p.instance_id, group=g) for g, p in enumerate(picks) for _ in range(cfg.rollout.k)
         ]
+        seed = stream_seed(cfg.seed, k, "rollout")
+        jobs = [Job(s, i, seed, cfg.rollout.temperature) for i, s in enumerate(starts)]
+        plan = self._plan(k) if self.spec.continuations and cfg.continuations.overlap else None
         self.policy.model.eval()
-        return self.runner.run(
-            starts,
-            cfg.rollout.temperature,
-            seed=stream_seed(cfg.seed, k, "rollout"),
+        roots, followed = self.runner.play(
+            jobs,
+            follow=None if plan is None else plan.jobs,
             on_turn=lambda i, n: self.progress("rollout", i, n),
         )
+        return roots, None if plan is None else followed
 
-    def phase_continuations(self, k: int, roots: list[Episode]) -> ContinuationResult | None:
+    def _plan(self, k: int) -> ContinuationPlan:
+        c = self.cfg.continuations
+        seed = stream_seed(self.cfg.seed, k, "continuations")
+        return ContinuationPlan(
+            c.budget, c.per_checkpoint, c.horizon, c.temperature, seed, c.support
+        )
+
+    def phase_continuations(
+        self,
+        k: int,
+        roots: list[Episode],
+        keys: list[int],
+        played: list[list[Episode]] | None = None,
+    ) -> ContinuationResult | None:
+        """The continuations of the usable ``roots`` (``keys``: their rollout indices): the
+        ones the rollout played (``played``, every rollout root's, with overlap), else played
+        now."""
         if not self.spec.continuations:
             return None
-        c = self.cfg.continuations
+        plan = self._plan(k)
+        if played is not None:
+            return plan.result(roots, keys, [played[i] for i in keys], self._convention())
         return run_continuations(
             self.runner,
             roots,
             self._convention(),
-            c.budget,
-            c.per_checkpoint,
-            c.horizon,
-            c.temperature,
-            seed=stream_seed(self.cfg.seed, k, "continuations"),
+            plan.budget,
+            plan.per_checkpoint,
+            plan.horizon,
+            plan.temperature,
+            seed=plan.seed,
             on_turn=lambda i, n: self.progress("continuations", i, n),
-            support=c.support,
+            support=plan.support,
+            keys=keys,
         )
 
     def phase_features(self, roots: list[Episode]) -> torch.Tensor | None:
@@ -336,17 +367,18 @@ class Trainer:
             self.critic.module.eval()
         return stats
 
-    def _usable(self, roots: list[Episode]) -> list[Episode]:
-        """Episodes that can enter the batch. An episode lost before its first action (engine
-        crash, failed start) has no action to credit; it is dropped (and counted in
-        ``episodes_lost``), and a leave-one-out group left with one member is dropped whole."""
+    def _usable(self, roots: list[Episode]) -> list[int]:
+        """The indices of the episodes that can enter the batch. An episode lost before its
+        first action (engine crash, failed start) has no action to credit; it is dropped (and
+        counted in ``episodes_lost``), and a leave-one-out group left with one member is
+        dropped whole."""
         self._lost = sum(e.error is not None for e in roots)
-        kept = [e for e in roots if e.turns]
+        kept = [i for i, e in enumerate(roots) if e.turns]
         if self._convention() == "leave-one-out":
             size: dict[int, int] = {}
-            for e in kept:
-                size[e.start.group] = size.get(e.start.group, 0) + 1
-            kept = [e for e in kept if size[e.start.group] >= 2]
+            for i in kept:
+                size[roots[i].start.group] = size.get(roots[i].start.group, 0) + 1
+            kept = [i for i in kept if size[roots[i].start.group] >= 2]
         if not kept:
             raise RuntimeError("every episode of this step was lost; see the crash log")
         return kept
@@ -365,12 +397,15 @@ class Trainer:
             times[f"time_{name}"] = time.perf_counter() - t0
             return out
 
-        roots = self._usable(timed("rollout", lambda: self.phase_rollout(k)))
-        # Before the continuations: the backend still holds the rollout's prompts (hf's prefix
-        # cache, which the continuations' prompts would evict), and both passes score them.
+        played, followed = timed("rollout", lambda: self.phase_rollout(k))
+        keys = self._usable(played)
+        roots = [played[i] for i in keys]
+        # Before the continuations (when they did not overlap the rollout): the backend still
+        # holds the rollout's prompts (hf's prefix cache, which the continuations' prompts
+        # would evict), and both passes score them.
         teacher = timed("teacher", lambda: self.phase_teacher(roots))
         feats = timed("value", lambda: self.phase_features(roots))
-        cont = timed("continuations", lambda: self.phase_continuations(k, roots))
+        cont = timed("continuations", lambda: self.phase_continuations(k, roots, keys, followed))
         t_features = times["time_value"]
         value_metrics = timed("value", lambda: self.phase_value(k, roots, cont, feats))
         times["time_value"] += t_features

@@ -169,7 +169,8 @@ def test_failures_are_typed(gen: HFGenerator) -> None:
         def die(action: str):
             raise ConnectionResetError("simulated engine death")
 
-        pool[2]._step = die  # type: ignore[method-assign]
+        for slot in range(len(pool)):  # a slot freed by a failed start plays the next episode
+            pool[slot]._step = die  # type: ignore[method-assign]
         starts = [
             Start("coin/999999999"),
             Start("coin/7", prefix_actions=["look around"], prefix_observations=["not it"]),
@@ -218,7 +219,7 @@ class _FakeShard:
 
     def all_gather(self, obj):
         self.store[self.rank] = obj
-        return [self.store.get(r, ([], (0, 0, 0))) for r in range(self.world)]
+        return [self.store.get(r, (([], []), (0, 0, 0))) for r in range(self.world)]
 
 
 def test_episodes_do_not_depend_on_pool_width_or_sharding(gen: HFGenerator) -> None:

@@ -109,6 +109,31 @@ def test_every_method_trains_two_steps(
 
 
 @needs_twx
+def test_overlapped_continuations_change_no_step(tiny_model_dir: Path, trained_env: Path) -> None:
+    """``continuations.overlap`` on and off: the same episodes, value targets, losses and
+    metrics (only the phase times differ), with overlap's continuations inside time_rollout."""
+    from factor_cli.train.trainer import Trainer
+
+    base = tiny_overrides(tiny_model_dir, trained_env, "factor", steps=1)
+    base += ["rollout.groups=2", "continuations.per_checkpoint=2", "env.max_turns=4"]
+    steps = {}
+    for overlap in (True, False):
+        trainer = Trainer(load_config("smoke", [*base, f"continuations.overlap={overlap}"]))
+        try:
+            steps[overlap] = trainer.train_step()
+        finally:
+            trainer.close()
+    on, off = steps[True], steps[False]
+    assert on.metrics["time_continuations"] < 1e-3 < off.metrics["time_continuations"]
+    untimed = [k for k in off.metrics if not k.startswith("time_")]
+    assert {k: on.metrics[k] for k in untimed} == pytest.approx(
+        {k: off.metrics[k] for k in untimed}, rel=1e-5, abs=1e-6
+    )
+    assert off.metrics["continuation_interactions"] > 0
+    assert [e.actions for e in on.record.roots] == [e.actions for e in off.record.roots]
+
+
+@needs_twx
 def test_train_run_records_everything_in_the_ledger(tiny_model_dir: Path, tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
