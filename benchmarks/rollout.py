@@ -99,6 +99,42 @@ def one_rep(policy: Any, pool: EnvPool, args: argparse.Namespace) -> dict[str, A
     }
 
 
+def one_overlapped_rep(policy: Any, pool: EnvPool, args: argparse.Namespace) -> dict[str, Any]:
+    """Roots with their continuations started as each root ends (``continuations.overlap``,
+    the trainer's default): one wall time for both, so no per-phase cost ratio."""
+    from factor_cli.rollout.continuations import ContinuationPlan
+    from factor_cli.rollout.runner import Job
+
+    gen = _backend(policy, args)
+    runner = RolloutRunner(
+        pool, gen, PromptFormat(history_turns=args.history_turns), args.max_turns
+    )
+    starts = [
+        Start(f"{args.game}/{100 + g}", group=g) for g in range(args.groups) for _ in range(args.k)
+    ]
+    plan = ContinuationPlan(args.budget, args.per_checkpoint, 15, seed=2)
+    t0 = time.perf_counter()
+    roots, followed = runner.play([Job(s, i, seed=1) for i, s in enumerate(starts)], plan.jobs)
+    elapsed = time.perf_counter() - t0
+    cont = plan.result(roots, range(len(roots)), followed, "leave-one-out")
+    root_steps = sum(len(r.turns) for r in roots)
+    steps = runner.env_steps
+    return {
+        "root_trajectories": len(roots),
+        "continuations": len(cont.episodes),
+        "root_interactions": root_steps,
+        "continuation_interactions": cont.interactions,
+        "replay_steps": cont.replay_steps,
+        "generated_tokens": runner.generated_tokens,
+        **_counters(gen),
+        "rollout_s": elapsed,
+        "generated_tokens_per_s": runner.generated_tokens / elapsed,
+        "steps_per_s": steps / elapsed,
+        "s_per_interaction": elapsed / steps,
+        "interaction_ratio": steps / root_steps,
+    }
+
+
 def medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per field, the median over repetitions (None where a checkout lacks the counter)."""
     out: dict[str, Any] = {}
@@ -124,6 +160,11 @@ def main() -> None:
         "--history-turns", type=int, default=2, help="prompt.history_turns (large: append-only)"
     )
     ap.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false")
+    ap.add_argument(
+        "--overlap",
+        action="store_true",
+        help="start continuations as their root ends (the trainer's default); one wall time",
+    )
     ap.add_argument("--reps", type=int, default=3, help="repetitions; medians are reported")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -132,10 +173,12 @@ def main() -> None:
         init_tiny(args.model, "1m")
     policy = load_policy(str(args.model))
     n_root = args.groups * args.k
-    with EnvPool("twx", max(n_root, n_root * args.budget * args.per_checkpoint)) as pool:
+    n_cont = n_root * args.budget * args.per_checkpoint
+    with EnvPool("twx", n_root + n_cont if args.overlap else max(n_root, n_cont)) as pool:
         warm = RolloutRunner(pool, _backend(policy, args), PromptFormat(), max_turns=3)
         warm.run([Start(f"{args.game}/{100}")] * 2, seed=99)  # warm-up: JIT, JVM, allocator
-        rows = [one_rep(policy, pool, args) for _ in range(args.reps)]
+        rep = one_overlapped_rep if args.overlap else one_rep
+        rows = [rep(policy, pool, args) for _ in range(args.reps)]
     res = medians(rows)
     res["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if args.json:
@@ -149,6 +192,15 @@ def _print(res: dict[str, Any], args: argparse.Namespace) -> None:
         f"medians of {args.reps} repetitions ({args.game}, history_turns={args.history_turns}, "
         f"prefix reuse {'on' if args.prefix_reuse else 'off'})"
     )
+    if "rollout_s" in res:  # --overlap: one wall time for roots and continuations
+        print(
+            f"roots and continuations together: {res['root_interactions']} + "
+            f"{res['continuation_interactions']} interactions (+{res['replay_steps']} replay "
+            f"steps) in {res['rollout_s']:.1f} s: {res['generated_tokens_per_s']:.0f} generated "
+            f"tokens/s, {res['s_per_interaction'] * 1000:.1f} ms per interaction; "
+            f"peak RSS {res['peak_rss_mib']:.0f} MiB"
+        )
+        return
     print(
         f"root: {res['root_trajectories']} trajectories, {res['root_interactions']} interactions "
         f"in {res['root_s']:.1f} s ({res['root_steps_per_s']:.1f} steps/s, "
