@@ -10,7 +10,10 @@ reported, with the interactions and generated tokens of each step: raw step time
 because each method's (and each step's) episodes differ, so compare seconds per interaction
 (``s_per_interaction``) and, between methods at equal root work, seconds per root interaction
 (``s_per_root_interaction``). ``--json`` prints the medians and every step's row. Runs against
-older checkouts too (their backend has no prefix-reuse counters: those read as None).
+older checkouts too (their backend has no prefix-reuse counters: those read as None). With
+``continuations.overlap`` (the default) FACTOR's continuations play inside the rollout phase, so
+its ``rollout`` column covers both and ``continuations`` reads 0; ``--set
+continuations.overlap=false`` times them apart.
 """
 
 from __future__ import annotations

@@ -151,6 +151,7 @@ class ContinuationPlan:
                 key=(key * self.budget + j) * m + i,
                 seed=self.seed,
                 temperature=self.temperature,
+                scored=False,  # the teacher and the value head read the roots' prompts only
             )
             for j, t in enumerate(self.turns(key, root))
             for i in range(m)

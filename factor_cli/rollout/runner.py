@@ -1,4 +1,9 @@
-"""Batched multi-turn rollouts: every active environment advances together, one generate per turn.
+"""Batched multi-turn rollouts: every live environment advances together, one generate per turn.
+
+At most ``len(pool)`` episodes are live; a slot freed by an ending episode takes the next waiting
+one, and an ending episode may add follow-up episodes to the queue (a root's continuations), so
+continuations play in the same batches as the roots still running. Replies are sampled from
+per-episode streams (:func:`reply_seed`), so none depends on when an episode was admitted.
 
 An :class:`Episode` records, per turn t: the prompt (context x_t) token ids, the reply token ids,
 their behaviour log-probs, the executable-action mask, the action, the feedback Phi_t, reward,
@@ -148,6 +153,9 @@ class Job:
     seed: int = 0
     temperature: float = 1.0
     greedy: bool = False
+    scored: bool = True
+    """Later passes (the teacher, the value head) read its prompts; False (a continuation) lets
+    the backend's prefix cache evict them first."""
 
 
 FollowUp = Callable[[int, Episode], Sequence[Job]]
@@ -325,8 +333,14 @@ class RolloutRunner:
                 for s in slots
             ]
             allowed = [every for _, every in admissible] if self.constrain else None
+            keep = [live[s].job.scored for s in slots]
             gens = self.generator.generate(
-                prompts, temperature=temperature, greedy=greedy, seeds=seeds, allowed=allowed
+                prompts,
+                temperature=temperature,
+                greedy=greedy,
+                seeds=seeds,
+                allowed=allowed,
+                keep=keep,
             )
             for slot, ep, gen, (shown, _) in zip(slots, eps, gens, admissible):
                 self._advance(slot, ep, gen, list(shown))

@@ -103,6 +103,30 @@ def test_eviction_drops_least_recently_used_leaves_first() -> None:
     assert cache.tokens == 0 and cache.match(old).length == 0
 
 
+def test_transient_leaves_are_evicted_before_lasting_ones() -> None:
+    """A continuation's prompts (transient) go before a root's, however recent; a lasting
+    insert through a transient node makes it lasting, and a split keeps the flag."""
+    cache = PrefixCache(capacity=100)
+    root, cont, later = [1, 2, 3], [1, 2, 3, 4, 5], [9, 8]
+    cache.insert(root, _kv(root), 0)
+    cache.insert(cont, _kv(cont)[..., 3:, :], 3, transient=True)  # after the root: more recent
+    cache.insert(later, _kv(later), 0)
+    cache.match(cont)
+    cache.capacity = 5
+    assert cache.evict() == 2  # cont's own [4, 5], the most recently used, goes first
+    assert cache.match(root).length == 3 and cache.match(later).length == 2
+    # A transient edge that a lasting prompt then shares becomes lasting up to the split.
+    cache.capacity = 100
+    cache.insert([7, 7, 7, 7], _kv([7, 7, 7, 7]), 0, transient=True)
+    cache.insert([7, 7, 1], _kv([7, 7, 1])[..., 2:, :], 2)
+    upper = cache.root.children[7]
+    assert upper.tokens == (7, 7) and not upper.transient
+    assert upper.children[7].transient and not upper.children[1].transient
+    cache.capacity = cache.tokens - 2
+    assert cache.evict() == 2 and cache.match([7, 7, 7, 7]).length == 2
+    assert cache.match([7, 7, 1]).length == 3 and cache.match(root).length == 3
+
+
 def test_kv_bytes_per_token_of_the_tiny_model_config() -> None:
     from transformers import LlamaConfig
 

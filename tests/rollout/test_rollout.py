@@ -130,7 +130,9 @@ class ScriptedGenerator:
     def tokenizer(self):
         return self.inner.tokenizer
 
-    def generate(self, prompts, temperature=1.0, greedy=False, seed=None, seeds=None, allowed=None):
+    def generate(
+        self, prompts, temperature=1.0, greedy=False, seed=None, seeds=None, allowed=None, keep=None
+    ):
         encoded = self.inner.encode(prompts)
         outs = []
         for (ids, cut), prompt in zip(encoded, prompts):

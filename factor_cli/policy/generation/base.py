@@ -192,8 +192,13 @@ class GenerationBackend(Protocol):
         seed: int | None = None,
         seeds: Sequence[int] | None = None,
         allowed: Sequence[Sequence[str] | None] | None = None,
+        keep: Sequence[bool] | None = None,
     ) -> list[Generation]:
         """Sample (or greedily decode) one reply per prompt.
+
+        ``keep[i]`` False is a hint that nothing will score prompt i again (a continuation's
+        turn): a backend with a prefix cache evicts its KV before the others' (hf); it changes
+        no reply.
 
         ``allowed`` (valid-action decoding, :mod:`.constrained`): reply i must be
         ``<action>a</action>`` for one of the actions ``allowed[i]`` (free when ``allowed[i]``

@@ -151,21 +151,29 @@ class HFGenerator(TokenizedBackend):
         seed: int | None = None,
         seeds: Sequence[int] | None = None,
         allowed: Allowed = None,
+        keep: Sequence[bool] | None = None,
     ) -> list[Generation]:
         """Sample (or greedily decode) one reply per prompt; seeds as
         :meth:`GenerationBackend.generate` says: reply i's stream is seeded by ``seeds[i]``, else
         ``seed + i`` (:class:`RowSeededSampler`); with neither, HF samples from torch's global
-        generator. ``allowed``: valid-action decoding (:mod:`.constrained`)."""
+        generator. ``allowed``: valid-action decoding (:mod:`.constrained`). ``keep[i]`` False:
+        prompt i's new KV are stored transient (evicted before the rest)."""
         check_temperature(temperature, greedy)
         rows = request_seeds(len(prompts), seed, seeds)
         tries = self.tries.tries(allowed, len(prompts))
         encoded = self.encode(prompts)
+        keeps = [True] * len(prompts) if keep is None else list(keep)
         size = self.batch_size
         out: list[Generation] = []
         for lo in range(0, len(encoded), size):
             chunk = None if rows is None else rows[lo : lo + size]
             out += self._generate_batch(
-                encoded[lo : lo + size], temperature, greedy, chunk, tries[lo : lo + size]
+                encoded[lo : lo + size],
+                temperature,
+                greedy,
+                chunk,
+                tries[lo : lo + size],
+                keeps[lo : lo + size],
             )
         return out
 
@@ -203,13 +211,14 @@ class HFGenerator(TokenizedBackend):
         return Sampling(float(temperature), greedy, draw)
 
     def _inputs(
-        self, prompts: list[list[int]], device: torch.device
+        self, prompts: list[list[int]], device: torch.device, keep: Sequence[bool] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
         """(ids, mask) [B, W] on ``device``, plus the KV cache decoding starts from: every
-        row's stored prefix (prefix reuse), a shared prefill when prompts repeat, else empty."""
+        row's stored prefix (prefix reuse), a shared prefill when prompts repeat, else empty.
+        ``keep[i]`` False: row i's new prefix KV are stored transient."""
         self.prompt_tokens += sum(len(p) for p in prompts)
         if self.prefix_reuse:
-            return self._reused_inputs(prompts, device)
+            return self._reused_inputs(prompts, device, keep)
         distinct: dict[tuple[int, ...], int] = {}
         rows = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompts])
         if len(distinct) < len(prompts) and min(len(p) for p in prompts) > 1:
@@ -226,12 +235,14 @@ class HFGenerator(TokenizedBackend):
 
     # -- prefix reuse (module docstring) ----------------------------------------------------
     def _reused_inputs(
-        self, prompts: list[list[int]], device: torch.device
+        self, prompts: list[list[int]], device: torch.device, keep: Sequence[bool] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
         """Pass 1 (prefill what is not stored) and the cache of pass 2 (every row's x[:-1])."""
         self._check_weights()
         heads = [tuple(p[:-1]) for p in prompts]  # the KV generate needs: all but the last token
         distinct = list(dict.fromkeys(heads))
+        kept = {h for h, k in zip(heads, keep or [True] * len(heads)) if k}
+        transient = {h for h in distinct if h not in kept}
         found = [self.prefix_cache.match(h) for h in distinct]
         missing = [(h, m) for h, m in zip(distinct, found) if m.length < len(h)]
         self.prefill_tokens += sum(min(len(p), 1) for p in prompts)  # decoding's first column
@@ -243,7 +254,7 @@ class HFGenerator(TokenizedBackend):
             rows = [(h, m) for h, m in again if m.length < len(h)]
             if rows:
                 self.prefill_tokens += sum(len(h) - m.length for h, m in rows)
-                self._prefill(rows, device)
+                self._prefill(rows, device, transient)
         stored = {h: self.prefix_cache.match(h) for h in distinct}
         ids, mask = _left_pad(prompts, self.pad_id)
         width = ids.shape[1] - 1
@@ -253,9 +264,14 @@ class HFGenerator(TokenizedBackend):
         self.prefix_cache.evict()  # after the gather: this batch's prefixes were needed until now
         return ids.to(device), mask.to(device), cache
 
-    def _prefill(self, rows: list[tuple[tuple[int, ...], Match]], device: torch.device) -> None:
+    def _prefill(
+        self,
+        rows: list[tuple[tuple[int, ...], Match]],
+        device: torch.device,
+        transient: set[tuple[int, ...]] | None = None,
+    ) -> None:
         """One forward over the unstored columns [c0, W) of ``rows`` (sequence, stored match);
-        their new KV go into the prefix cache."""
+        their new KV go into the prefix cache (transient for the sequences in ``transient``)."""
         seqs = [list(h) for h, _ in rows]
         ids, mask = _left_pad(seqs, self.pad_id)
         ids, mask = ids.to(device), mask.to(device)
@@ -278,7 +294,7 @@ class HFGenerator(TokenizedBackend):
             kv = torch.stack(
                 [torch.stack((lay.keys[u, :, lo:], lay.values[u, :, lo:])) for lay in layers]
             )
-            self.prefix_cache.insert(h, kv, m.length)
+            self.prefix_cache.insert(h, kv, m.length, transient=h in (transient or ()))
 
     def _stored_cache(
         self,
@@ -410,9 +426,10 @@ class HFGenerator(TokenizedBackend):
         greedy: bool,
         seeds: Sequence[int] | None = None,
         tries: Sequence[TokenTrie | None] | None = None,
+        keep: Sequence[bool] | None = None,
     ) -> list[Generation]:
         device = next(self.model.parameters()).device
-        ids, mask, cache = self._inputs([e[0] for e in encoded], device)
+        ids, mask, cache = self._inputs([e[0] for e in encoded], device, keep)
         tries = list(tries) if tries is not None else [None] * len(encoded)
         replies = decode(
             self.model,

@@ -16,9 +16,10 @@ prefix's KV is valid in any batch, at any padding.
 
 Bound: :attr:`PrefixCache.tokens` (the stored token count, the sum of the edges' lengths, hence
 the memory: tokens x bytes per token) is brought to at most ``capacity`` by :meth:`evict`,
-which drops least-recently-used leaves first (a node is used when a lookup or an insert walks
-through it); the backend calls it after every batch, so the cache never holds more than
-``capacity`` tokens while the model generates. Pure torch.
+which drops transient leaves (inserted with ``transient=True``: prompts no later pass scores,
+such as a continuation's) before the others, and least-recently-used first within each (a node
+is used when a lookup or an insert walks through it); the backend calls it after every batch,
+so the cache never holds more than ``capacity`` tokens while the model generates. Pure torch.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class _Node:
     parent: _Node | None
     children: dict[int, _Node] = field(default_factory=dict)
     last_used: int = 0
+    transient: bool = False
+    """Stored for a prompt no later pass scores (a continuation's): evicted before the rest."""
 
 
 @dataclass(frozen=True)
@@ -105,10 +108,14 @@ class PrefixCache:
             col += take
 
     # -- insert -----------------------------------------------------------------------------
-    def insert(self, seq: Sequence[int], kv: torch.Tensor, start: int) -> None:
+    def insert(
+        self, seq: Sequence[int], kv: torch.Tensor, start: int, transient: bool = False
+    ) -> None:
         """Store ``seq`` given the KV of ``seq[start:]``, ``kv`` [N_layers, 2, H_kv, len(seq) -
         start, D]; ``seq[:start]`` must be stored already (the part a lookup found). What is
-        stored by now beyond ``start`` (an earlier row of the same batch) is kept, not copied."""
+        stored by now beyond ``start`` (an earlier row of the same batch) is kept, not copied.
+        ``transient``: the new part goes before the rest at eviction; a lasting insert makes
+        its whole path lasting."""
         if kv.shape[-2] != len(seq) - start:
             raise ValueError(f"kv holds {kv.shape[-2]} tokens for {len(seq) - start}")
         found = self.match(seq)
@@ -118,11 +125,15 @@ class PrefixCache:
         if found.pieces:
             last, used = found.pieces[-1]
             node = self._split(last, used) if used < len(last.tokens) else last
+        if not transient:  # the path becomes lasting (of a split piece, its upper half only)
+            for piece, _ in found.pieces[:-1]:
+                piece.transient = False
+            node.transient = False
         if found.length == len(seq):
             return
         rest = tuple(int(t) for t in seq[found.length :])
         # An own copy: a slice would keep the whole batch's cache alive.
-        leaf = _Node(rest, kv[..., found.length - start :, :].clone(), node)
+        leaf = _Node(rest, kv[..., found.length - start :, :].clone(), node, transient=transient)
         leaf.last_used = next(self._clock)
         node.children[rest[0]] = leaf
         self.tokens += len(rest)
@@ -131,7 +142,7 @@ class PrefixCache:
         """Cut ``node``'s edge after ``at`` tokens; returns the new upper node."""
         assert node.kv is not None and node.parent is not None and 0 < at < len(node.tokens)
         upper = _Node(node.tokens[:at], node.kv[..., :at, :].clone(), node.parent)
-        upper.last_used = node.last_used
+        upper.last_used, upper.transient = node.last_used, node.transient
         node.parent.children[node.tokens[0]] = upper
         node.tokens, node.kv, node.parent = node.tokens[at:], node.kv[..., at:, :].clone(), upper
         upper.children[node.tokens[0]] = node
@@ -139,23 +150,24 @@ class PrefixCache:
 
     # -- bound ------------------------------------------------------------------------------
     def evict(self) -> int:
-        """Drop least-recently-used leaves until at most ``capacity`` tokens are stored; returns
-        the tokens dropped. A parent left without children becomes a leaf and may go next."""
+        """Drop leaves, transient ones first and least recently used first among each, until at
+        most ``capacity`` tokens are stored; returns the tokens dropped. A parent left without
+        children becomes a leaf and may go next."""
         if self.tokens <= self.capacity:
             return 0
         order = itertools.count()  # ties: first come, first evicted; never compares nodes
-        heap = [(n.last_used, next(order), n) for n in self._leaves()]
+        heap = [(not n.transient, n.last_used, next(order), n) for n in self._leaves()]
         heapq.heapify(heap)
         dropped = 0
         while self.tokens > self.capacity and heap:
-            _, _, leaf = heapq.heappop(heap)
+            *_, leaf = heapq.heappop(heap)
             parent = leaf.parent
             assert parent is not None
             del parent.children[leaf.tokens[0]]
             self.tokens -= len(leaf.tokens)
             dropped += len(leaf.tokens)
             if parent is not self.root and not parent.children:
-                heapq.heappush(heap, (parent.last_used, next(order), parent))
+                heapq.heappush(heap, (not parent.transient, parent.last_used, next(order), parent))
         self.evicted += dropped
         return dropped
 

@@ -340,8 +340,10 @@ class VLLMGenerator(TokenizedBackend):
         seed: int | None = None,
         seeds: Sequence[int] | None = None,
         allowed: Allowed = None,
+        keep: Sequence[bool] | None = None,
     ) -> list[Generation]:
-        """Sample (or greedily decode) one reply per prompt; seeds as
+        """Sample (or greedily decode) one reply per prompt (``keep`` is ignored: vLLM's
+        automatic prefix caching evicts by itself); seeds as
         :meth:`GenerationBackend.generate` says: request i is seeded with ``seeds[i]``, else
         ``seed + i`` (vLLM's per-request generator); with neither, the engine's own stream.
         ``allowed``: valid-action decoding (:mod:`.constrained`)."""
