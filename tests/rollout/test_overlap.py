@@ -100,6 +100,7 @@ def test_overlapped_continuations_equal_continuations_played_after(gen: HFGenera
         overlapped.failed,
     )
     assert runner.env_steps == 2 * steps
+    _check_plan(roots)
     # The same replies in no more, fuller batches: while the longest root still ran (its
     # turns are the first T batches), continuations of the roots that had ended joined them.
     assert sum(counting.batches) == steps and len(counting.batches) <= separate
@@ -121,17 +122,18 @@ def test_refilled_slots_and_ranks_change_no_episode(gen: HFGenerator) -> None:
     assert [len(f) for f in got_f] == [len(PLAN.jobs(i, r)) for i, r in enumerate(ref)]
 
 
-def test_a_roots_plan_depends_on_that_root_alone(gen: HFGenerator) -> None:
-    with EnvPool("twx", 6) as pool:
-        roots = RolloutRunner(pool, gen, FMT, max_turns=5).run(STARTS, seed=5)
+def _check_plan(roots: list[Episode]) -> None:
+    """A root's plan depends on that root alone (not on call order), every continuation
+    samples from its own stream, and each starts at its checkpoint's recorded state."""
     turns = [PLAN.turns(i, r) for i, r in enumerate(roots)]
     assert [PLAN.turns(i, r) for i, r in reversed(list(enumerate(roots)))] == turns[::-1]
     jobs = [PLAN.jobs(i, r) for i, r in enumerate(roots)]
     keys = [j.key for js in jobs for j in js]
-    assert len(set(keys)) == len(keys)  # every continuation samples from its own stream
+    assert len(set(keys)) == len(keys)
     for i, (r, js) in enumerate(zip(roots, jobs)):
         assert len(js) == PLAN.per_checkpoint * len(turns[i])
         for j in js:
             t = len(j.start.prefix_actions)
             assert j.start.prefix_observations == r.observations[: t + 1]
             assert j.start.max_turns == PLAN.horizon and j.temperature == PLAN.temperature
+            assert not j.scored  # nothing scores a continuation's prompts: transient KV
