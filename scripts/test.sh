@@ -6,7 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh --dev
-.venv/bin/python -m pytest -q "$@"
+# Two workers (pytest-xdist; FACTOR_TEST_WORKERS=0 runs in one process), one torch thread each:
+# most tests are single-threaded Python or wait on subprocesses, and two workers of two threads
+# each on two cores would oversubscribe them. Tests marked slow start first (tests/conftest.py).
+OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" .venv/bin/python -m pytest -q \
+  -n "${FACTOR_TEST_WORKERS:-2}" --dist worksteal "$@"
 if [ "$#" -eq 0 ]; then
   # The CI smoke study through the local launcher, then its report (a re-run skips finished cells).
   .venv/bin/factor study run ci --max-parallel 2

@@ -9,6 +9,13 @@ import pytest
 from factor_cli.envs import availability
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` (multi-process runs of a minute or more) first, in file order:
+    under ``pytest -n 2`` (scripts/test.sh) they then start at once, rather than one of them
+    starting last and running alone while the other worker has nothing left to do."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A ~1M-parameter Llama + byte-level BPE tokenizer trained on TWX gold plays."""

@@ -83,6 +83,7 @@ def sft_overrides(model: Path, tmp: Path) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_gold_plans_are_the_same_in_fresh_processes_and_win() -> None:
     # TWX 1.1.0's own gold differed between two processes in 12-20 of 30-40 coin seeds and in
     # 27 of 30 twc seeds; the engine's paths of the other games were the same (still checked).
@@ -162,6 +163,7 @@ def two_warm_starts(
     return tmp, dirs[0], dirs[1]
 
 
+@pytest.mark.slow
 def test_warm_starts_in_fresh_processes_are_byte_identical(
     two_warm_starts: tuple[Path, Path, Path], tiny_model_dir: Path
 ) -> None:
@@ -219,6 +221,7 @@ CONCURRENT_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_two_jobs_starting_at_once_build_the_tiny_model_and_warm_start_once(
     tmp_path: Path,
 ) -> None:

@@ -161,6 +161,7 @@ def _train_cmd(model: Path, tmp: Path, extra: list[str]) -> list[str]:
     return args + extra
 
 
+@pytest.mark.slow
 @needs_twx
 def test_sigkill_then_resume_matches_uninterrupted(tiny_model_dir: Path, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONHASHSEED": "0"}
@@ -291,6 +292,7 @@ def _dp_results(model: Path, tmp: Path, flags: list[str]) -> dict[int, dict[str,
     return results
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Data-parallel DeepSpeed (2 CPU processes, gloo) gives the single-process update. Uneven
     shares of a mini-batch and ZeRO-3 (whose forwards are collectives: every rank must run as
@@ -302,6 +304,7 @@ def test_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> None:
         assert results[1][key] == pytest.approx(results[2][key], rel=1e-5, abs=1e-6), key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("zero3", [False, True], ids=["zero1", "zero3"])
 def test_two_processes_equal_one_with_the_critic(
     tiny_model_dir: Path, tmp_path: Path, zero3: bool
@@ -329,6 +332,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.slow
 @needs_twx
 def test_torchrun_job_equals_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
     """`torchrun --nproc_per_node 2 -m factor_cli train`: rollouts, continuations and eval
@@ -424,6 +428,7 @@ def test_engine_crash_mid_rollout_is_survived(tiny_model_dir: Path, tmp_path: Pa
         trainer.close()
 
 
+@pytest.mark.slow
 @needs_twx
 def test_ctrl_c_names_the_run_and_its_resume_command(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Ctrl-C mid-run: exit 130, the ledger run closed KILLED, and stderr prints the exact
