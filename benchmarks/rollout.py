@@ -13,7 +13,8 @@ reported; ``--json`` prints them with every repetition's row. The script runs ag
 checkouts too (no ``prefix_reuse`` there: the counters read as absent).
 
     .venv/bin/python benchmarks/rollout.py [--model DIR] [--groups 4] [--k 4] [--reps 3]
-        [--game coin] [--history-turns 2] [--no-prefix-reuse] [--json]
+        [--game coin] [--history-turns 2] [--no-prefix-reuse] [--no-shared-prefix] [--overlap]
+        [--json]
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from factor_cli.rollout.continuations import run_continuations
 from factor_cli.rollout.runner import RolloutRunner, Start
 
 DEFAULT_MODEL = Path("runs/bench-tiny-1m")
-COUNTERS = ("prompt_tokens", "prefill_tokens", "reused_tokens")
+COUNTERS = ("prompt_tokens", "prefill_tokens", "reused_tokens", "shared_prefix_tokens")
 
 
 def _backend(policy: Any, args: argparse.Namespace) -> HFGenerator:
@@ -47,6 +48,10 @@ def _backend(policy: Any, args: argparse.Namespace) -> HFGenerator:
         options["prefix_reuse"] = args.prefix_reuse
     elif not args.prefix_reuse:
         raise SystemExit("this checkout's hf backend has no prefix_reuse switch")
+    if not args.shared_prefix:
+        if "shared_prefix_min" not in inspect.signature(HFGenerator).parameters:
+            raise SystemExit("this checkout's hf backend has no shared-prefix decode")
+        options["shared_prefix_min"] = None
     return HFGenerator(policy, max_new_tokens=args.max_new_tokens, max_context=1024, **options)
 
 
@@ -160,6 +165,12 @@ def main() -> None:
         "--history-turns", type=int, default=2, help="prompt.history_turns (large: append-only)"
     )
     ap.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false")
+    ap.add_argument(
+        "--no-shared-prefix",
+        dest="shared_prefix",
+        action="store_false",
+        help="decode without holding a prefix shared by every row once (shared_attention)",
+    )
     ap.add_argument(
         "--overlap",
         action="store_true",

@@ -221,6 +221,8 @@ def test_reuse_changes_no_trajectory(policy, fmt: PromptFormat, greedy: bool) ->
     assert share > (0.6 if fmt is APPEND_ONLY else 0.3)
     assert on.prefill_tokens + on.reused_tokens == on.prompt_tokens
     assert on.reused_tokens > off.reused_tokens  # off shares only identical prompts' prefill
+    # Decoding read system + task once per batch (shared_attention), not once per row.
+    assert on.shared_prefix_tokens > 0 and off.shared_prefix_tokens == 0
 
 
 @needs_twx

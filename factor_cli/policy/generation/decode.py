@@ -168,18 +168,21 @@ def decode(
     stop_ids: Sequence[int],
     sampling: Sampling,
     tries: Sequence[TokenTrie | None],
+    first_position: int = 0,
 ) -> list[Decoded]:
     """Replies to the left-padded prompts ``ids`` [B, W] (``mask`` [B, W]) whose first
     ``cache.get_seq_length()`` columns are in ``cache`` already (a :func:`buffer_cache` of at
     least W + ``max_new_tokens`` - 1 columns, or any ``DynamicCache``): the first forward
     computes the rest of the prompt, each later one the previous token, until every row
-    stopped or has ``max_new_tokens`` tokens."""
+    stopped or has ``max_new_tokens`` tokens. ``first_position``: the position of each row's
+    first token in ``ids`` (> 0 when the tokens before it are a prefix shared by every row,
+    held apart: :mod:`.shared_attention`)."""
     device = ids.device
     n, width = ids.shape
     stops = torch.tensor(sorted(set(int(s) for s in stop_ids)), device=device)
     full = torch.zeros((n, width + max_new_tokens), dtype=mask.dtype, device=device)
     full[:, :width] = mask
-    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    pos = (mask.cumsum(-1) - 1).clamp_min(0) + first_position
     rows = list(range(n))  # batch row -> original row
     done = torch.zeros(n, dtype=torch.bool, device=device)  # per batch row: a stop was drawn
     out: list[list[int]] = [[] for _ in range(n)]

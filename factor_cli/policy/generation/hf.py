@@ -62,11 +62,16 @@ from .constrained import Allowed, TokenTrie, TrieBuilder
 from .decode import Decoded, Sampling, buffer_cache, decode
 from .prefix_cache import Match, PrefixCache, kv_bytes_per_token
 from .scoring import Scores, reply_scores
+from .shared_attention import use_shared_prefix
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
 
     from ..model import Policy
+
+SHARED_PREFIX_MIN = 16
+"""Decode attends once to a prompt prefix shared by every row of a batch (:mod:`.shared_attention`)
+when it is at least this many tokens long (shorter ones are not worth a second attention call)."""
 
 PREFIX_CACHE_BYTES = 1024**3
 """Default bound of the prefix cache's memory (KV bytes): 1 GiB, at most two full batches of
@@ -96,10 +101,13 @@ class HFGenerator(TokenizedBackend):
         batch_size: int = DEFAULT_BATCH_SIZE,
         prefix_reuse: bool = True,
         prefix_cache_tokens: int | None = None,
+        shared_prefix_min: int | None = SHARED_PREFIX_MIN,
     ) -> None:
         """``prefix_reuse``: keep prompt KV across calls and prefill only new suffixes (module
         docstring); ``prefix_cache_tokens``: the cache's bound in tokens (default: what
-        :data:`PREFIX_CACHE_BYTES` holds, at most ``2 * batch_size * max_context``)."""
+        :data:`PREFIX_CACHE_BYTES` holds, at most ``2 * batch_size * max_context``);
+        ``shared_prefix_min``: with prefix reuse on a CPU, decode reads a prefix of at least
+        this many tokens shared by every row of a batch once (None: never)."""
         super().__init__(policy, GenerationLimits(max_new_tokens, max_context, batch_size))
         self.tries = TrieBuilder(self.tokenizer, self.stop_ids)
         if prefix_cache_tokens is None:
@@ -114,6 +122,10 @@ class HFGenerator(TokenizedBackend):
         from an identical prompt of the same batch): :attr:`reused_tokens` = the difference."""
         self.score_reused_tokens = 0
         """Tokens :meth:`score` took from the prefix cache instead of encoding them."""
+        self.shared_prefix_min = shared_prefix_min
+        self.shared_prefix_tokens = 0
+        """Prompt tokens that decoding read from a prefix shared by the whole batch (held once)
+        instead of from each row's own cache."""
         self._weights: tuple[int, int] | None = None
 
     @property
@@ -212,9 +224,11 @@ class HFGenerator(TokenizedBackend):
 
     def _inputs(
         self, prompts: list[list[int]], device: torch.device, keep: Sequence[bool] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
-        """(ids, mask) [B, W] on ``device``, plus the KV cache decoding starts from: every
-        row's stored prefix (prefix reuse), a shared prefill when prompts repeat, else empty.
+    ) -> tuple[torch.Tensor, torch.Tensor, DynamicCache, torch.Tensor | None]:
+        """(ids, mask) [B, W] on ``device``, the KV cache decoding starts from (every row's
+        stored prefix under prefix reuse, a shared prefill when prompts repeat, else empty), and
+        the KV [N_layers, 2, 1, H_kv, P, D] of a prefix of P tokens shared by every row, held
+        once and left out of ids, mask and cache (:meth:`_shared_prefix`), or None.
         ``keep[i]`` False: row i's new prefix KV are stored transient."""
         self.prompt_tokens += sum(len(p) for p in prompts)
         if self.prefix_reuse:
@@ -227,17 +241,18 @@ class HFGenerator(TokenizedBackend):
             uniq_ids, uniq_mask = uniq_ids.to(device), uniq_mask.to(device)
             cache = self._shared_prefix_cache(uniq_ids, uniq_mask, rows)
             rows = rows.to(device)
-            return uniq_ids[rows], uniq_mask[rows], cache
+            return uniq_ids[rows], uniq_mask[rows], cache, None
         self.prefill_tokens += sum(len(p) for p in prompts)
         ids, mask = _left_pad(prompts, self.pad_id)
         cache = buffer_cache(self.model.config, self._decode_capacity(ids.shape[1]))
-        return ids.to(device), mask.to(device), cache
+        return ids.to(device), mask.to(device), cache, None
 
     # -- prefix reuse (module docstring) ----------------------------------------------------
     def _reused_inputs(
         self, prompts: list[list[int]], device: torch.device, keep: Sequence[bool] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
-        """Pass 1 (prefill what is not stored) and the cache of pass 2 (every row's x[:-1])."""
+    ) -> tuple[torch.Tensor, torch.Tensor, DynamicCache, torch.Tensor | None]:
+        """Pass 1 (prefill what is not stored) and the cache of pass 2 (every row's x[:-1],
+        less a prefix shared by all rows, which is returned apart)."""
         self._check_weights()
         heads = [tuple(p[:-1]) for p in prompts]  # the KV generate needs: all but the last token
         distinct = list(dict.fromkeys(heads))
@@ -256,13 +271,31 @@ class HFGenerator(TokenizedBackend):
                 self.prefill_tokens += sum(len(h) - m.length for h, m in rows)
                 self._prefill(rows, device, transient)
         stored = {h: self.prefix_cache.match(h) for h in distinct}
-        ids, mask = _left_pad(prompts, self.pad_id)
+        n_shared = self._shared_length(heads, device)
+        shared = None
+        if n_shared:
+            shared = self._gather_rows([stored[heads[0]]], [0], n_shared, device, n_shared, 0)
+            self.shared_prefix_tokens += n_shared * len(heads)
+        ids, mask = _left_pad([p[n_shared:] for p in prompts], self.pad_id)
         width = ids.shape[1] - 1
-        pads = [width - len(h) for h in heads]
+        pads = [width - (len(h) - n_shared) for h in heads]
         capacity = self._decode_capacity(ids.shape[1])
-        cache = self._stored_cache([stored[h] for h in heads], pads, width, device, capacity)
+        matches = [stored[h] for h in heads]
+        cache = self._stored_cache(matches, pads, width, device, capacity, n_shared)
         self.prefix_cache.evict()  # after the gather: this batch's prefixes were needed until now
-        return ids.to(device), mask.to(device), cache
+        return ids.to(device), mask.to(device), cache, shared
+
+    def _shared_length(self, heads: list[tuple[int, ...]], device: torch.device) -> int:
+        """P: the tokens every row's stored x[:-1] starts with, when decoding holds them once
+        (:mod:`.shared_attention`: the CPU kernel, at least ``shared_prefix_min`` tokens, two
+        rows or more); else 0."""
+        least = self.shared_prefix_min
+        if least is None or len(heads) < 2 or device.type != "cpu":
+            return 0
+        # The common prefix of all is that of the lexicographically first and last.
+        lo, hi = min(heads), max(heads)
+        n = next((i for i, (a, b) in enumerate(zip(lo, hi)) if a != b), min(len(lo), len(hi)))
+        return n if n >= max(least, 1) else 0
 
     def _prefill(
         self,
@@ -303,12 +336,26 @@ class HFGenerator(TokenizedBackend):
         width: int,
         device: torch.device,
         capacity: int,
+        start: int = 0,
     ) -> DynamicCache:
         """A buffer cache of ``capacity`` columns whose first ``width`` are filled: row b holds
-        the first ``width - pads[b]`` stored tokens of ``matches[b]`` in columns [pads[b],
-        width) (none when that is <= 0), zeros (masked padding) before them."""
+        the stored tokens [start, start + width - pads[b]) of ``matches[b]`` in columns
+        [pads[b], width) (none when that is <= 0), zeros (masked padding) before them."""
         if width <= 0:
             return buffer_cache(self.model.config, capacity)
+        past = self._gather_rows(matches, pads, width, device, capacity, start)
+        return buffer_cache(self.model.config, capacity, past, width)
+
+    def _gather_rows(
+        self,
+        matches: list[Match],
+        pads: list[int],
+        width: int,
+        device: torch.device,
+        capacity: int,
+        start: int,
+    ) -> torch.Tensor:
+        """KV [N_layers, 2, B, H_kv, capacity, D] laid out as :meth:`_stored_cache` says."""
         like = next(node.kv for m in matches for node, _ in m.pieces)
         n_layers, _, heads, _, dim = like.shape
         past = torch.empty(
@@ -318,8 +365,9 @@ class HFGenerator(TokenizedBackend):
             # Padding columns are masked, but must be finite: 0 * nan would still be nan.
             past[:, :, b, :, : max(pad, 0)] = 0
             if width > pad:
-                self.prefix_cache.gather(m, width - pad, past[:, :, b, :, max(pad, 0) : width])
-        return buffer_cache(self.model.config, capacity, past, width)
+                out = past[:, :, b, :, max(pad, 0) : width]
+                self.prefix_cache.gather(m, width - pad, out, start)
+        return past
 
     # -- scoring from the prefix cache ---------------------------------------------------------
     @torch.no_grad()
@@ -429,18 +477,15 @@ class HFGenerator(TokenizedBackend):
         keep: Sequence[bool] | None = None,
     ) -> list[Generation]:
         device = next(self.model.parameters()).device
-        ids, mask, cache = self._inputs([e[0] for e in encoded], device, keep)
+        ids, mask, cache, shared = self._inputs([e[0] for e in encoded], device, keep)
         tries = list(tries) if tries is not None else [None] * len(encoded)
-        replies = decode(
-            self.model,
-            ids,
-            mask,
-            cache,
-            self.max_new_tokens,
-            self.stop_ids,
-            self._sampling(temperature, greedy, seeds, device),
-            tries,
-        )
+        sampling = self._sampling(temperature, greedy, seeds, device)
+        args = (self.model, ids, mask, cache, self.max_new_tokens, self.stop_ids, sampling, tries)
+        if shared is None:
+            replies = decode(*args)
+        else:
+            with use_shared_prefix(self.model, shared):
+                replies = decode(*args, first_position=shared.shape[-2])
         return [
             self._to_generation(reply, prompt, cut, trie)
             for reply, (prompt, cut), trie in zip(replies, encoded, tries)

@@ -93,18 +93,22 @@ class PrefixCache:
             node = child
         return Match(i, tuple(pieces))
 
-    def gather(self, match: Match, n: int, out: torch.Tensor) -> None:
-        """Write the KV of the first ``n`` tokens of ``match`` into ``out`` [N_layers, 2, H_kv,
-        n, D] (the backend's batch cache, one row's columns)."""
-        if n > match.length:
-            raise ValueError(f"only {match.length} tokens are cached, {n} asked")
-        col = 0
+    def gather(self, match: Match, n: int, out: torch.Tensor, start: int = 0) -> None:
+        """Write the KV of tokens [start, start + n) of ``match`` into ``out`` [N_layers, 2,
+        H_kv, n, D] (the backend's batch cache, one row's columns)."""
+        if start + n > match.length:
+            raise ValueError(f"only {match.length} tokens are cached, {start + n} asked")
+        col, at = 0, 0  # columns written; the token where the current piece begins
         for node, used in match.pieces:
-            take = min(used, n - col)
+            lo = max(start - at, 0)  # skip this piece's tokens before `start`
+            take = min(used - lo, n - col)
+            at += used
             if take <= 0:
-                break
+                if col >= n:
+                    break
+                continue
             assert node.kv is not None  # only the root has none, and it is never a piece
-            out[..., col : col + take, :] = node.kv[..., :take, :]
+            out[..., col : col + take, :] = node.kv[..., lo : lo + take, :]
             col += take
 
     # -- insert -----------------------------------------------------------------------------

@@ -1,0 +1,124 @@
+"""Decode attention over a prefix shared by every row of a batch, read once (cascade attention).
+
+The rows of a decode batch often start with the same tokens: system + task for every episode of
+one game, the root's history for a checkpoint's continuations. Decode attention on a CPU is
+bound by memory reads (each step reads every row's keys and values), so the ``hf`` backend keeps
+such a prefix once, K_P, V_P [1, H_kv, P, D], and each row only its own columns K_b, V_b after
+it. For the queries q_b of row b the attention over the union splits exactly:
+
+    o_b = (e^{l_P} o_P + e^{l_b} o_b') / (e^{l_P} + e^{l_b}),
+
+where (o_P, l_P) = (softmax(q_b K_P^T s) V_P, logsumexp(q_b K_P^T s)) is attention over the
+shared prefix, computed for all rows as one query block against K_P (K_P read once, not once
+per row), and (o_b', l_b) the same over the row's own columns under its mask (padding, causal
+order of the new tokens). Every shared token precedes every query, so the prefix needs no mask.
+Outputs equal attention over the concatenated keys up to float rounding (tested within 1e-5).
+
+The model's attention modules call :func:`shared_prefix_attention` while :func:`use_shared_prefix`
+is active (it switches ``config._attn_implementation`` for the duration of one decode); masks are
+built as for SDPA. CPU only: it calls the CPU flash kernel, which returns the logsumexp.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+NAME = "factor_shared_prefix"
+"""The attention implementation's registered name (``config._attn_implementation``)."""
+
+_PREFIX: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar(
+    "factor_shared_prefix_kv", default=None
+)
+
+
+def merge_attention(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> torch.Tensor:
+    """Attention over the union of two disjoint key sets from each one's output [B, H, Q, D] and
+    logsumexp [B, H, Q]: o = (e^{l_a} o_a + e^{l_b} o_b) / (e^{l_a} + e^{l_b})."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    return out_a * (lse_a - lse).exp()[..., None] + out_b * (lse_b - lse).exp()[..., None]
+
+
+def _flash(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(softmax(q k^T s + mask) v, logsumexp(q k^T s + mask)) through the CPU flash kernel
+    (additive float ``mask``, or None)."""
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    return op(query, key, value, attn_mask=mask, scale=scale)
+
+
+def shared_prefix_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Hugging Face attention function: query [B, H, Q, D] over the shared prefix of this layer
+    (:func:`use_shared_prefix`) and the rows' own key, value [B, H_kv, S, D] under
+    ``attention_mask`` (bool [B, 1, Q, S], True = attend, or None); returns [B, Q, H, D]. Plain
+    SDPA outside :func:`use_shared_prefix`."""
+    prefix = _PREFIX.get()
+    if prefix is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    k_p, v_p = prefix[module.layer_idx]  # [1, H_kv, P, D] each
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value, k_p, v_p = (repeat_kv(t, groups) for t in (key, value, k_p, v_p))
+    b, h, q, d = query.shape
+    scale = float(scaling) if scaling is not None else d**-0.5
+    if attention_mask is None and q > 1:  # the new tokens see each other causally
+        s = key.shape[-2]
+        attention_mask = torch.ones(q, s, dtype=torch.bool, device=query.device).tril(s - q)
+        attention_mask = attention_mask[None, None]
+    add = None
+    if attention_mask is not None:
+        add = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device)
+        add.masked_fill_(~attention_mask, float("-inf"))
+    out_r, lse_r = _flash(query, key, value, add, scale)
+    # Every row's queries form one block against the prefix: K_P, V_P are read once.
+    block = query.transpose(0, 1).reshape(1, h, b * q, d)
+    out_p, lse_p = _flash(block, k_p, v_p, None, scale)
+    out_p = out_p.reshape(h, b, q, d).transpose(0, 1)
+    lse_p = lse_p.reshape(h, b, q).transpose(0, 1)
+    out = merge_attention(out_r, lse_r, out_p, lse_p.to(lse_r.dtype))
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(NAME, shared_prefix_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
+
+
+@contextmanager
+def use_shared_prefix(model: torch.nn.Module, prefix: torch.Tensor) -> Iterator[None]:
+    """Within the block, ``model``'s attention layers attend to ``prefix`` [N_layers, 2, 1, H_kv,
+    P, D] (layer l's keys and values of P tokens at positions 0..P-1) before each row's own
+    cache; position ids of the rows' tokens must count from P."""
+    config = model.config
+    before = config._attn_implementation
+    token = _PREFIX.set(prefix)
+    config._attn_implementation = NAME
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+        _PREFIX.reset(token)
