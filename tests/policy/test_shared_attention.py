@@ -117,28 +117,38 @@ def test_gather_from_an_offset_reads_those_tokens(start: int) -> None:
         cache.gather(m, n + 1, torch.zeros(2, 2, 1, n + 1, 3), start)
 
 
-def test_backend_replies_are_the_same_with_the_prefix_held_once(tiny_model_dir: Path) -> None:
+def test_backend_replies_are_the_same_with_the_prefix_held_once(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The hf backend with and without the shared prefix: same replies (seeded and greedy),
-    log-probs within 1e-5, and the prefix was really held apart."""
-    from factor_cli.policy.generation.hf import HFGenerator
+    log-probs within 1e-5, and the prefix was really held apart, in decoding and (once the
+    task is stored) in the prefill of the new observations."""
+    from factor_cli.policy.generation import hf
     from factor_cli.policy.model import load_policy
 
+    entered: list[int] = []
+
+    def counting(model, prefix):
+        entered.append(prefix.shape[-2])
+        return use_shared_prefix(model, prefix)
+
+    monkeypatch.setattr(hf, "use_shared_prefix", counting)
     policy = load_policy(str(tiny_model_dir))
-    on = HFGenerator(policy, max_new_tokens=12, max_context=512)
-    off = HFGenerator(policy, max_new_tokens=12, max_context=512, shared_prefix_min=None)
-    task = (
-        "Task: Your task is to search the environment and find the coin. Once you find it, take it."
-    )
+    on = hf.HFGenerator(policy, max_new_tokens=12, max_context=512)
+    off = hf.HFGenerator(policy, max_new_tokens=12, max_context=512, shared_prefix_min=None)
+    task = "Task: Your task is to search the environment and find the coin. Then take it."
     rooms = ["kitchen", "pantry", "corridor with a key holder", "backyard", "living room"]
-    prompts = [f"{task}\nObservation: You are in the {r}. " + "You see a door. " * j
-               for j, r in enumerate(rooms)]  # fmt: skip
-    for greedy in (False, True):
+    for greedy, turn in ((False, 0), (True, 1)):  # the second turn finds the task stored
+        prompts = [f"{task}\nObservation {turn}: You are in the {r}. " + "A door. " * j
+                   for j, r in enumerate(rooms)]  # fmt: skip
+        entered.clear()
         a = on.generate(prompts, greedy=greedy, seeds=list(range(5)))
         b = off.generate(prompts, greedy=greedy, seeds=list(range(5)))
         for x, y in zip(a, b):
             assert x.token_ids == y.token_ids and x.prompt_ids == y.prompt_ids
             gap = (torch.tensor(x.logprobs) - torch.tensor(y.logprobs)).abs().max()
             assert float(gap) < TOL
-        on.refresh()  # the second round prefills again: the same path as the first
-        off.refresh()
+        # Turn 0: decoding only (nothing was stored to prefill from); turn 1: the prefill too.
+        assert (len(entered) == 1) if turn == 0 else (len(entered) >= 2)
+        assert min(entered) > 16
     assert on.shared_prefix_tokens > 2 * 5 * 16 and off.shared_prefix_tokens == 0

@@ -28,6 +28,11 @@ at its checkpoint. A batch runs in two passes:
    (columns [pad_b, W - 1), padding columns zero and masked) and computes the last prompt
    column, then decodes as without reuse.
 
+In both passes, on a CPU, a stored prefix of P >= ``shared_prefix_min`` tokens that every row of
+the batch starts with (system + task for every episode of one game; 41% of the prompt tokens of
+``benchmarks/rollout.py``) is gathered once, not into every row's columns, and attended as one
+query block (:mod:`.shared_attention`); the rows' own columns then start at position P.
+
 Position ids are the left-padded ones (cumulative attention mask - 1: token j of a prompt sits
 at position j at any padding), so a stored prefix is valid in any batch. Replies and log-probs
 are those of reuse off up to float rounding (the same token KV, computed in other batch
@@ -37,7 +42,8 @@ update) and, as a safety net, whenever an in-place update of the model's paramet
 their version counters (torch optimizers, ``load_state_dict``). Models whose cache layers are
 not plain full-attention :class:`~transformers.DynamicLayer` (sliding windows) decode without
 reuse, on their own ``DynamicCache``. :attr:`HFGenerator.prefill_tokens` and
-:attr:`HFGenerator.reused_tokens` count the prompt tokens computed and taken from the cache.
+:attr:`HFGenerator.reused_tokens` count the prompt tokens computed and taken from the cache,
+:attr:`HFGenerator.shared_prefix_tokens` those decoding read from a prefix held once.
 """
 
 from __future__ import annotations
@@ -285,16 +291,19 @@ class HFGenerator(TokenizedBackend):
         self.prefix_cache.evict()  # after the gather: this batch's prefixes were needed until now
         return ids.to(device), mask.to(device), cache, shared
 
-    def _shared_length(self, heads: list[tuple[int, ...]], device: torch.device) -> int:
-        """P: the tokens every row's stored x[:-1] starts with, when decoding holds them once
-        (:mod:`.shared_attention`: the CPU kernel, at least ``shared_prefix_min`` tokens, two
-        rows or more); else 0."""
+    def _shared_length(
+        self, heads: list[tuple[int, ...]], device: torch.device, cap: int | None = None
+    ) -> int:
+        """P: the tokens every sequence of ``heads`` starts with (at most ``cap``: those stored
+        for every row), when a forward holds them once (:mod:`.shared_attention`: the CPU
+        kernel, at least ``shared_prefix_min`` tokens, two rows or more); else 0."""
         least = self.shared_prefix_min
         if least is None or len(heads) < 2 or device.type != "cpu":
             return 0
         # The common prefix of all is that of the lexicographically first and last.
         lo, hi = min(heads), max(heads)
         n = next((i for i, (a, b) in enumerate(zip(lo, hi)) if a != b), min(len(lo), len(hi)))
+        n = n if cap is None else min(n, cap)
         return n if n >= max(least, 1) else 0
 
     def _prefill(
@@ -304,16 +313,21 @@ class HFGenerator(TokenizedBackend):
         transient: set[tuple[int, ...]] | None = None,
     ) -> None:
         """One forward over the unstored columns [c0, W) of ``rows`` (sequence, stored match);
-        their new KV go into the prefix cache (transient for the sequences in ``transient``)."""
-        seqs = [list(h) for h, _ in rows]
+        their new KV go into the prefix cache (transient for the sequences in ``transient``).
+        A stored prefix of P tokens that every row starts with is attended once
+        (:mod:`.shared_attention`) and left out of the rows' columns."""
+        heads = [h for h, _ in rows]
+        n_shared = self._shared_length(heads, device, cap=min(m.length for _, m in rows))
+        seqs = [list(h[n_shared:]) for h in heads]
         ids, mask = _left_pad(seqs, self.pad_id)
         ids, mask = ids.to(device), mask.to(device)
         width = ids.shape[1]
         pads = [width - len(s) for s in seqs]
-        c0 = width - max(len(h) - m.length for h, m in rows)  # = min_u pad_u + m_u
-        past = self._stored_cache([m for _, m in rows], pads, c0, device, width)
-        pos = (mask.cumsum(-1) - 1).clamp_min(0)  # position ids for left padding
-        out = self.model(
+        c0 = width - max(len(h) - m.length for h, m in rows)  # = min_u pad_u + m_u - P
+        matches = [m for _, m in rows]
+        past = self._stored_cache(matches, pads, c0, device, width, n_shared)
+        pos = (mask.cumsum(-1) - 1).clamp_min(0) + n_shared  # position ids for left padding
+        forward = dict(
             input_ids=ids[:, c0:],
             attention_mask=mask,
             position_ids=pos[:, c0:],
@@ -321,9 +335,15 @@ class HFGenerator(TokenizedBackend):
             use_cache=True,
             logits_to_keep=1,  # no logits needed: only the KV
         )
+        if n_shared:
+            shared = self._gather_rows(matches[:1], [0], n_shared, device, n_shared, 0)
+            with use_shared_prefix(self.model, shared):
+                out = self.model(**forward)
+        else:
+            out = self.model(**forward)
         layers = out.past_key_values.layers
         for u, (h, m) in enumerate(rows):
-            lo = pads[u] + m.length  # the first column not stored yet
+            lo = pads[u] + m.length - n_shared  # the first column not stored yet
             kv = torch.stack(
                 [torch.stack((lay.keys[u, :, lo:], lay.values[u, :, lo:])) for lay in layers]
             )

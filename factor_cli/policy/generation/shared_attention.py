@@ -1,9 +1,10 @@
-"""Decode attention over a prefix shared by every row of a batch, read once (cascade attention).
+"""Attention over a prefix shared by every row of a batch, read once (cascade attention).
 
-The rows of a decode batch often start with the same tokens: system + task for every episode of
-one game, the root's history for a checkpoint's continuations. Decode attention on a CPU is
-bound by memory reads (each step reads every row's keys and values), so the ``hf`` backend keeps
-such a prefix once, K_P, V_P [1, H_kv, P, D], and each row only its own columns K_b, V_b after
+The rows of a batch of prompts often start with the same tokens: system + task for every episode
+of one game, the root's history for a checkpoint's continuations. Decode attention on a CPU is
+bound by memory reads (each step reads every row's keys and values), and gathering each row's
+stored prefix into a batch cache is a copy of them, so the ``hf`` backend keeps such a prefix
+once, K_P, V_P [1, H_kv, P, D], and each row only its own columns K_b, V_b after
 it. For the queries q_b of row b the attention over the union splits exactly:
 
     o_b = (e^{l_P} o_P + e^{l_b} o_b') / (e^{l_P} + e^{l_b}),
@@ -15,7 +16,7 @@ order of the new tokens). Every shared token precedes every query, so the prefix
 Outputs equal attention over the concatenated keys up to float rounding (tested within 1e-5).
 
 The model's attention modules call :func:`shared_prefix_attention` while :func:`use_shared_prefix`
-is active (it switches ``config._attn_implementation`` for the duration of one decode); masks are
+is active (it switches ``config._attn_implementation`` for one prefill or decode); masks are
 built as for SDPA. CPU only: it calls the CPU flash kernel, which returns the logsumexp.
 """
 
