@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers import LlamaConfig
 
 from factor_cli.policy.generation.prefix_cache import PrefixCache
 from factor_cli.policy.generation.shared_attention import (
@@ -67,7 +68,7 @@ def test_attention_over_a_shared_prefix_equals_attention_over_the_concatenation(
     for i in range(b):  # left padding: each row may miss some of its oldest columns
         allowed[i, 0, :, : int(torch.randint(0, extra + 1, (1,), generator=g))] = False
     module = SimpleNamespace(layer_idx=0, num_key_value_groups=groups, is_causal=True)
-    model = SimpleNamespace(config=SimpleNamespace(_attn_implementation="sdpa"))
+    model = SimpleNamespace(config=LlamaConfig(attn_implementation="sdpa"))
     with use_shared_prefix(model, prefix):
         assert model.config._attn_implementation == NAME
         mask = allowed if masked or q_len == 1 else None
@@ -77,6 +78,14 @@ def test_attention_over_a_shared_prefix_equals_attention_over_the_concatenation(
     assert model.config._attn_implementation == "sdpa"
     want = _oracle(q, prefix[0, 0], prefix[0, 1], k, v, allowed, d**-0.5)
     torch.testing.assert_close(got, want.transpose(1, 2), atol=TOL, rtol=0)
+
+
+def test_a_block_no_attention_layer_read_is_refused() -> None:
+    model = SimpleNamespace(config=LlamaConfig(attn_implementation="sdpa"))
+    refused = pytest.raises(RuntimeError, match="no attention layer read the shared prefix")
+    with refused, use_shared_prefix(model, torch.zeros(1, 2, 1, 1, 3, 4)):
+        pass
+    assert model.config._attn_implementation == "sdpa"
 
 
 def test_merge_of_two_halves_is_softmax_over_both() -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,8 +36,18 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 NAME = "factor_shared_prefix"
 """The attention implementation's registered name (``config._attn_implementation``)."""
 
-_PREFIX: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar(
-    "factor_shared_prefix_kv", default=None
+
+@dataclass
+class _Active:
+    """The prefix of the current :func:`use_shared_prefix` block, and how many attention calls
+    read it (none would mean the model did not dispatch to :func:`shared_prefix_attention`)."""
+
+    prefix: torch.Tensor
+    calls: int = 0
+
+
+_ACTIVE: contextvars.ContextVar[_Active | None] = contextvars.ContextVar(
+    "factor_shared_prefix", default=None
 )
 
 
@@ -76,12 +87,13 @@ def shared_prefix_attention(
     (:func:`use_shared_prefix`) and the rows' own key, value [B, H_kv, S, D] under
     ``attention_mask`` (bool [B, 1, Q, S], True = attend, or None); returns [B, Q, H, D]. Plain
     SDPA outside :func:`use_shared_prefix`."""
-    prefix = _PREFIX.get()
-    if prefix is None:
+    active = _ACTIVE.get()
+    if active is None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
-    k_p, v_p = prefix[module.layer_idx]  # [1, H_kv, P, D] each
+    active.calls += 1
+    k_p, v_p = active.prefix[module.layer_idx]  # [1, H_kv, P, D] each
     groups = query.shape[1] // key.shape[1]
     if groups > 1:
         key, value, k_p, v_p = (repeat_kv(t, groups) for t in (key, value, k_p, v_p))
@@ -113,13 +125,29 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
 def use_shared_prefix(model: torch.nn.Module, prefix: torch.Tensor) -> Iterator[None]:
     """Within the block, ``model``'s attention layers attend to ``prefix`` [N_layers, 2, 1, H_kv,
     P, D] (layer l's keys and values of P tokens at positions 0..P-1) before each row's own
-    cache; position ids of the rows' tokens must count from P."""
+    cache; position ids of the rows' tokens must count from P.
+
+    Raises:
+        RuntimeError: the block ran without any attention layer reading the prefix (a model
+            whose layers do not dispatch through the config switched here): its outputs lack
+            the prefix and must not be used.
+    """
     config = model.config
-    before = config._attn_implementation
-    token = _PREFIX.set(prefix)
-    config._attn_implementation = NAME
+    get_text = getattr(config, "get_text_config", None)
+    configs = list({id(c): c for c in (config, get_text() if get_text else config)}.values())
+    before = [c._attn_implementation for c in configs]
+    active = _Active(prefix)
+    token = _ACTIVE.set(active)
+    for c in configs:  # this config only, not its other sub-configs
+        c._attn_implementation = {"": NAME}
     try:
         yield
     finally:
-        config._attn_implementation = before
-        _PREFIX.reset(token)
+        for c, b in zip(configs, before):
+            c._attn_implementation = {"": b}
+        _ACTIVE.reset(token)
+    if active.calls == 0:
+        raise RuntimeError(
+            f"{type(model).__name__}: no attention layer read the shared prefix; decode this "
+            "model with shared_prefix_min=None"
+        )
