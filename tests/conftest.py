@@ -5,8 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from factor_cli.envs import availability
+
+# No per-example deadline: times are the benchmarks' business, and under two test workers on two
+# cores an example can wait for a core longer than hypothesis's default 200 ms deadline.
+settings.register_profile("factor", deadline=None)
+settings.load_profile("factor")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

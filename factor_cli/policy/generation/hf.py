@@ -280,7 +280,7 @@ class HFGenerator(TokenizedBackend):
         n_shared = self._shared_length(heads, device)
         shared = None
         if n_shared:
-            shared = self._gather_rows([stored[heads[0]]], [0], n_shared, device, n_shared, 0)
+            shared = self._prefix_kv(stored[heads[0]], n_shared, device)
             self.shared_prefix_tokens += n_shared * len(heads)
         ids, mask = _left_pad([p[n_shared:] for p in prompts], self.pad_id)
         width = ids.shape[1] - 1
@@ -336,7 +336,7 @@ class HFGenerator(TokenizedBackend):
             logits_to_keep=1,  # no logits needed: only the KV
         )
         if n_shared:
-            shared = self._gather_rows(matches[:1], [0], n_shared, device, n_shared, 0)
+            shared = self._prefix_kv(matches[0], n_shared, device)
             with use_shared_prefix(self.model, shared):
                 out = self.model(**forward)
         else:
@@ -365,6 +365,11 @@ class HFGenerator(TokenizedBackend):
             return buffer_cache(self.model.config, capacity)
         past = self._gather_rows(matches, pads, width, device, capacity, start)
         return buffer_cache(self.model.config, capacity, past, width)
+
+    def _prefix_kv(self, match: Match, n: int, device: torch.device) -> torch.Tensor:
+        """KV [N_layers, 2, 1, H_kv, n, D] of the first ``n`` tokens of ``match``: a prefix that
+        a forward holds once for every row (:mod:`.shared_attention`)."""
+        return self._gather_rows([match], [0], n, device, n, 0)
 
     def _gather_rows(
         self,
