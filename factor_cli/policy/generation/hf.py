@@ -76,8 +76,9 @@ if TYPE_CHECKING:
     from ..model import Policy
 
 SHARED_PREFIX_MIN = 16
-"""Decode attends once to a prompt prefix shared by every row of a batch (:mod:`.shared_attention`)
-when it is at least this many tokens long (shorter ones are not worth a second attention call)."""
+"""A prefill or decode forward attends once to a stored prompt prefix shared by every row of its
+batch (:mod:`.shared_attention`) when it is at least this many tokens long (shorter ones are not
+worth a second attention call)."""
 
 PREFIX_CACHE_BYTES = 1024**3
 """Default bound of the prefix cache's memory (KV bytes): 1 GiB, at most two full batches of
@@ -112,8 +113,8 @@ class HFGenerator(TokenizedBackend):
         """``prefix_reuse``: keep prompt KV across calls and prefill only new suffixes (module
         docstring); ``prefix_cache_tokens``: the cache's bound in tokens (default: what
         :data:`PREFIX_CACHE_BYTES` holds, at most ``2 * batch_size * max_context``);
-        ``shared_prefix_min``: with prefix reuse on a CPU, decode reads a prefix of at least
-        this many tokens shared by every row of a batch once (None: never)."""
+        ``shared_prefix_min``: with prefix reuse on a CPU, prefill and decode read a stored
+        prefix of at least this many tokens shared by every row of a batch once (None: never)."""
         super().__init__(policy, GenerationLimits(max_new_tokens, max_context, batch_size))
         self.tries = TrieBuilder(self.tokenizer, self.stop_ids)
         if prefix_cache_tokens is None:
@@ -234,7 +235,7 @@ class HFGenerator(TokenizedBackend):
         """(ids, mask) [B, W] on ``device``, the KV cache decoding starts from (every row's
         stored prefix under prefix reuse, a shared prefill when prompts repeat, else empty), and
         the KV [N_layers, 2, 1, H_kv, P, D] of a prefix of P tokens shared by every row, held
-        once and left out of ids, mask and cache (:meth:`_shared_prefix`), or None.
+        once and left out of ids, mask and cache (:meth:`_shared_length`), or None.
         ``keep[i]`` False: row i's new prefix KV are stored transient."""
         self.prompt_tokens += sum(len(p) for p in prompts)
         if self.prefix_reuse:
