@@ -176,6 +176,13 @@ def main() -> None:
         action="store_true",
         help="start continuations as their root ends (the trainer's default); one wall time",
     )
+    ap.add_argument(
+        "--cold-slots",
+        dest="warm_slots",
+        action="store_false",
+        help="leave the pool's slots unloaded before the first repetition (each slot's first "
+        "game then loads the engine's interface inside the timed rollout, as before 2026-12-02)",
+    )
     ap.add_argument("--reps", type=int, default=3, help="repetitions; medians are reported")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -188,6 +195,11 @@ def main() -> None:
     with EnvPool("twx", n_root + n_cont if args.overlap else max(n_root, n_cont)) as pool:
         warm = RolloutRunner(pool, _backend(policy, args), PromptFormat(), max_turns=3)
         warm.run([Start(f"{args.game}/{100}")] * 2, seed=99)  # warm-up: JIT, JVM, allocator
+        if args.warm_slots:
+            # A slot's first game loads the engine's interface (~80 ms, once per slot for the
+            # pool's life): a trainer's pool pays it at its first step, not every rollout.
+            for slot in range(len(pool)):
+                pool.reset(slot, f"{args.game}/{100}")
         rep = one_overlapped_rep if args.overlap else one_rep
         rows = [rep(policy, pool, args) for _ in range(args.reps)]
     res = medians(rows)
