@@ -19,6 +19,7 @@ from factor_cli.envs.pool import EnvPool
 from factor_cli.policy.generation.backends import BACKENDS
 from factor_cli.policy.generation.hf import HFGenerator
 from factor_cli.policy.generation.prefix_cache import PrefixCache, kv_bytes_per_token
+from factor_cli.policy.generation.scratch import Scratch
 from factor_cli.policy.prompting import PromptFormat
 from factor_cli.rollout.continuations import run_continuations
 from factor_cli.rollout.runner import Episode, RolloutRunner, Start
@@ -127,6 +128,46 @@ def test_transient_leaves_are_evicted_before_lasting_ones() -> None:
     assert cache.match([7, 7, 1]).length == 3 and cache.match(root).length == 3
 
 
+def test_a_handed_over_kv_is_stored_without_a_copy_only_when_stored_whole() -> None:
+    cache = PrefixCache(capacity=100)
+    a = [1, 2, 3]
+    kv = _kv(a)
+    cache.insert(a, kv, 0, handed_over=True)
+    assert cache.root.children[1].kv is kv  # the caller's tensor, not a copy
+    b = [1, 2, 3, 4, 5]
+    longer = _kv(b)[..., 3:, :].contiguous()
+    cache.insert(b, longer, 3, handed_over=True)
+    assert cache.root.children[1].children[4].kv is longer
+    # An earlier row stored part of it: only the rest is kept, as a copy (no view that would
+    # hold the caller's whole tensor).
+    c = [1, 2, 3, 4, 5, 6]
+    kv_c = _kv(c)[..., 3:, :].contiguous()
+    cache.insert(c, kv_c, 3, handed_over=True)
+    leaf = cache.root.children[1].children[4].children[6]
+    assert leaf.kv._base is None and leaf.kv.data_ptr() != kv_c.data_ptr()
+    torch.testing.assert_close(_stored(cache, c), _kv(c), rtol=0, atol=0)
+    # Not handed over: always a copy.
+    d = [9, 9]
+    kv_d = _kv(d)
+    cache.insert(d, kv_d, 0)
+    assert cache.root.children[9].kv.data_ptr() != kv_d.data_ptr()
+
+
+def test_scratch_reuses_its_block_and_grows_when_too_small() -> None:
+    scratch = Scratch()
+    cpu = torch.device("cpu")
+    big = scratch.take("rows", (4, 5), torch.float32, cpu)
+    small = scratch.take("rows", (2, 3), torch.float32, cpu)
+    assert small.shape == (2, 3) and small.data_ptr() == big.data_ptr()  # the same memory
+    other = scratch.take("prefix", (2, 3), torch.float32, cpu)
+    assert other.data_ptr() != big.data_ptr()  # each name its own block
+    grown = scratch.take("rows", (5, 5), torch.float32, cpu)
+    assert grown.shape == (5, 5) and scratch.nbytes == (25 + 6) * 4
+    assert scratch.take("rows", (3,), torch.float64, cpu).dtype == torch.float64
+    scratch.clear()
+    assert scratch.nbytes == 0
+
+
 def test_kv_bytes_per_token_of_the_tiny_model_config() -> None:
     from transformers import LlamaConfig
 
@@ -199,6 +240,18 @@ def _play(
             runner, roots, "leave-one-out", 2, 2, horizon=3, seed=6, on_turn=on_turn
         )
     return roots, cont.episodes
+
+
+def test_the_backend_gathers_into_its_scratch_and_close_gives_it_back(policy) -> None:
+    gen = HFGenerator(policy, max_new_tokens=4)
+    prompts = ["look around and describe the room"] * 2 + ["take the coin from the table"]
+    first = gen.generate(prompts, seed=3)
+    held = gen._scratch.nbytes
+    assert held > 0  # the decode batch's rows (and prefill) came from the scratch
+    assert [g.token_ids for g in gen.generate(prompts, seed=3)] == [g.token_ids for g in first]
+    assert gen._scratch.nbytes == held  # the same batch again: no new block
+    gen.close()
+    assert gen._scratch.nbytes == 0
 
 
 @needs_twx

@@ -67,6 +67,7 @@ from .base import (
 from .constrained import Allowed, TokenTrie, TrieBuilder
 from .decode import Decoded, Sampling, buffer_cache, decode
 from .prefix_cache import Match, PrefixCache, kv_bytes_per_token
+from .scratch import Scratch
 from .scoring import Scores, reply_scores
 from .shared_attention import use_shared_prefix
 
@@ -134,6 +135,8 @@ class HFGenerator(TokenizedBackend):
         """Prompt tokens that decoding read from a prefix shared by the whole batch (held once)
         instead of from each row's own cache."""
         self._weights: tuple[int, int] | None = None
+        self._scratch = Scratch()
+        """Reused memory of the batches' gathered KV on a CPU (:mod:`.scratch`)."""
 
     @property
     def reused_tokens(self) -> int:
@@ -159,7 +162,8 @@ class HFGenerator(TokenizedBackend):
             self._weights = key
 
     def close(self) -> None:
-        """Nothing to release: the model belongs to the caller."""
+        """Gives back the scratch memory; the model belongs to the caller."""
+        self._scratch.clear()
 
     @torch.no_grad()
     def generate(
@@ -348,7 +352,9 @@ class HFGenerator(TokenizedBackend):
             kv = torch.stack(
                 [torch.stack((lay.keys[u, :, lo:], lay.values[u, :, lo:])) for lay in layers]
             )
-            self.prefix_cache.insert(h, kv, m.length, transient=h in (transient or ()))
+            self.prefix_cache.insert(
+                h, kv, m.length, transient=h in (transient or ()), handed_over=True
+            )
 
     def _stored_cache(
         self,
@@ -370,7 +376,7 @@ class HFGenerator(TokenizedBackend):
     def _prefix_kv(self, match: Match, n: int, device: torch.device) -> torch.Tensor:
         """KV [N_layers, 2, 1, H_kv, n, D] of the first ``n`` tokens of ``match``: a prefix that
         a forward holds once for every row (:mod:`.shared_attention`)."""
-        return self._gather_rows([match], [0], n, device, n, 0)
+        return self._gather_rows([match], [0], n, device, n, 0, scratch="prefix")
 
     def _gather_rows(
         self,
@@ -380,13 +386,17 @@ class HFGenerator(TokenizedBackend):
         device: torch.device,
         capacity: int,
         start: int,
+        scratch: str = "rows",
     ) -> torch.Tensor:
-        """KV [N_layers, 2, B, H_kv, capacity, D] laid out as :meth:`_stored_cache` says."""
+        """KV [N_layers, 2, B, H_kv, capacity, D] laid out as :meth:`_stored_cache` says; on a
+        CPU a view of the scratch block ``scratch``, valid until that block's next use."""
         like = next(node.kv for m in matches for node, _ in m.pieces)
         n_layers, _, heads, _, dim = like.shape
-        past = torch.empty(
-            (n_layers, 2, len(matches), heads, capacity, dim), dtype=like.dtype, device=device
-        )
+        shape = (n_layers, 2, len(matches), heads, capacity, dim)
+        if device.type == "cpu":
+            past = self._scratch.take(scratch, shape, like.dtype, device)
+        else:  # CUDA's caching allocator reuses its blocks already
+            past = torch.empty(shape, dtype=like.dtype, device=device)
         for b, (m, pad) in enumerate(zip(matches, pads)):
             # Padding columns are masked, but must be finite: 0 * nan would still be nan.
             past[:, :, b, :, : max(pad, 0)] = 0

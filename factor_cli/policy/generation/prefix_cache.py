@@ -113,13 +113,20 @@ class PrefixCache:
 
     # -- insert -----------------------------------------------------------------------------
     def insert(
-        self, seq: Sequence[int], kv: torch.Tensor, start: int, transient: bool = False
+        self,
+        seq: Sequence[int],
+        kv: torch.Tensor,
+        start: int,
+        transient: bool = False,
+        handed_over: bool = False,
     ) -> None:
         """Store ``seq`` given the KV of ``seq[start:]``, ``kv`` [N_layers, 2, H_kv, len(seq) -
         start, D]; ``seq[:start]`` must be stored already (the part a lookup found). What is
         stored by now beyond ``start`` (an earlier row of the same batch) is kept, not copied.
         ``transient``: the new part goes before the rest at eviction; a lasting insert makes
-        its whole path lasting."""
+        its whole path lasting. ``handed_over``: ``kv`` is a tensor of its own (no view of a
+        larger one) that the caller will not touch again, stored without a copy where it is
+        stored whole."""
         if kv.shape[-2] != len(seq) - start:
             raise ValueError(f"kv holds {kv.shape[-2]} tokens for {len(seq) - start}")
         found = self.match(seq)
@@ -136,8 +143,11 @@ class PrefixCache:
         if found.length == len(seq):
             return
         rest = tuple(int(t) for t in seq[found.length :])
-        # An own copy: a slice would keep the whole batch's cache alive.
-        leaf = _Node(rest, kv[..., found.length - start :, :].clone(), node, transient=transient)
+        if handed_over and found.length == start:
+            part = kv
+        else:  # an own copy: a slice would keep the whole batch's cache alive
+            part = kv[..., found.length - start :, :].clone()
+        leaf = _Node(rest, part, node, transient=transient)
         leaf.last_used = next(self._clock)
         node.children[rest[0]] = leaf
         self.tokens += len(rest)
