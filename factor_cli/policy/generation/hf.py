@@ -67,8 +67,8 @@ from .base import (
 from .constrained import Allowed, TokenTrie, TrieBuilder
 from .decode import Decoded, Sampling, buffer_cache, decode
 from .prefix_cache import Match, PrefixCache, kv_bytes_per_token
-from .scratch import Scratch
 from .scoring import Scores, reply_scores
+from .scratch import Scratch
 from .shared_attention import use_shared_prefix
 
 if TYPE_CHECKING:
