@@ -9,12 +9,14 @@ where the backend has it) lifts generated tokens/s.
 
 Each of ``--reps`` repetitions plays the same episodes (same seeds) with a fresh backend, so the
 prefix cache starts empty as after a weight update, and the medians over repetitions are
-reported; ``--json`` prints them with every repetition's row. The script runs against older
-checkouts too (no ``prefix_reuse`` there: the counters read as absent).
+reported; ``--json`` prints them with every repetition's row. Before the first repetition every
+slot of the environment pool loads its game once, as a trainer's pool does at its first step
+(``--cold-slots``: each slot's first load falls inside the timed rollout instead). The script
+runs against older checkouts too (no ``prefix_reuse`` there: the counters read as absent).
 
     .venv/bin/python benchmarks/rollout.py [--model DIR] [--groups 4] [--k 4] [--reps 3]
         [--game coin] [--history-turns 2] [--no-prefix-reuse] [--no-shared-prefix] [--overlap]
-        [--json]
+        [--cold-slots] [--json]
 """
 
 from __future__ import annotations
