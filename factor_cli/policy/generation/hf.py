@@ -31,7 +31,9 @@ at its checkpoint. A batch runs in two passes:
 In both passes, on a CPU, a stored prefix of P >= ``shared_prefix_min`` tokens that every row of
 the batch starts with (system + task for every episode of one game; 41% of the prompt tokens of
 ``benchmarks/rollout.py``) is gathered once, not into every row's columns, and attended as one
-query block (:mod:`.shared_attention`); the rows' own columns then start at position P.
+query block (:mod:`.shared_attention`); the rows' own columns then start at position P. On a
+CPU both passes gather the stored KV into blocks of memory reused from batch to batch
+(:mod:`.scratch`: a fresh buffer of that size cost more in page faults than the copy).
 
 Position ids are the left-padded ones (cumulative attention mask - 1: token j of a prompt sits
 at position j at any padding), so a stored prefix is valid in any batch. Replies and log-probs
