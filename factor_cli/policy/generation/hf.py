@@ -351,9 +351,9 @@ class HFGenerator(TokenizedBackend):
         layers = out.past_key_values.layers
         for u, (h, m) in enumerate(rows):
             lo = pads[u] + m.length - n_shared  # the first column not stored yet
-            kv = torch.stack(
-                [torch.stack((lay.keys[u, :, lo:], lay.values[u, :, lo:])) for lay in layers]
-            )
+            # One copy into [N_layers, 2, H_kv, n, D] (a stack of per-layer stacks copied twice).
+            parts = [t for lay in layers for t in (lay.keys[u, :, lo:], lay.values[u, :, lo:])]
+            kv = torch.stack(parts).unflatten(0, (len(layers), 2))
             self.prefix_cache.insert(
                 h, kv, m.length, transient=h in (transient or ()), handed_over=True
             )
