@@ -15,8 +15,8 @@ slot of the environment pool loads its game once, as a trainer's pool does at it
 runs against older checkouts too (no ``prefix_reuse`` there: the counters read as absent).
 
     .venv/bin/python benchmarks/rollout.py [--model DIR] [--groups 4] [--k 4] [--reps 3]
-        [--game coin] [--history-turns 2] [--no-prefix-reuse] [--no-shared-prefix] [--overlap]
-        [--cold-slots] [--json]
+        [--game coin] [--history-turns 2] [--no-prefix-reuse] [--no-shared-prefix] [--no-stems]
+        [--overlap] [--cold-slots] [--json]
 """
 
 from __future__ import annotations
@@ -54,6 +54,10 @@ def _backend(policy: Any, args: argparse.Namespace) -> HFGenerator:
         if "shared_prefix_min" not in inspect.signature(HFGenerator).parameters:
             raise SystemExit("this checkout's hf backend has no shared-prefix decode")
         options["shared_prefix_min"] = None
+    if not args.stems:
+        if "stem_min" not in inspect.signature(HFGenerator).parameters:
+            raise SystemExit("this checkout's hf backend prefills no shared stems")
+        options["stem_min"] = None
     return HFGenerator(policy, max_new_tokens=args.max_new_tokens, max_context=1024, **options)
 
 
@@ -172,6 +176,13 @@ def main() -> None:
         dest="shared_prefix",
         action="store_false",
         help="decode without holding a prefix shared by every row once (shared_attention)",
+    )
+    ap.add_argument(
+        "--no-stems",
+        dest="stems",
+        action="store_false",
+        help="prefill each prompt's own suffix, without first prefilling once what several "
+        "prompts of a batch share past the cache (hf.shared_stems)",
     )
     ap.add_argument(
         "--overlap",

@@ -7,6 +7,7 @@ that show the reuse happened."""
 from __future__ import annotations
 
 import copy
+import itertools
 from pathlib import Path
 
 import pytest
@@ -343,3 +344,71 @@ def test_cost_batches_cover_every_row_once_within_the_padding_slack(new, size) -
     for b in batches:
         assert 1 <= len(b) <= size
         assert len(b) * max(new[i] for i in b) <= 1.25 * sum(new[i] for i in b) or len(b) == 1
+
+
+# -- shared stems: what several prompts of a batch share past the cache is prefilled once ------
+_seqs = st.lists(st.integers(0, 2), min_size=0, max_size=12).map(tuple)
+
+
+@given(st.lists(st.tuples(_seqs, st.integers(0, 12)), max_size=12), st.integers(1, 4))
+def test_shared_stems_are_shared_past_what_is_stored_and_leave_no_pair_out(rows, least) -> None:
+    """Each stem is a common prefix of its rows (two or more, each row in one stem at most),
+    at least ``least`` tokens longer than the most any of them has stored; and two sorted
+    neighbours that share that much are never both left without a stem."""
+    from factor_cli.policy.generation.hf import shared_stems
+
+    rows = list({s: (s, min(k, len(s))) for s, k in rows}.values())  # distinct, as the backend
+    stems = shared_stems(rows, least)
+    owner: dict[int, int] = {}
+    for n, (stem, of) in enumerate(stems):
+        assert len(of) >= 2
+        for i in of:
+            assert i not in owner
+            owner[i] = n
+            assert rows[i][0][: len(stem)] == stem
+        assert len(stem) - max(rows[i][1] for i in of) >= least
+
+    def lcp(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+        return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+    order = sorted(range(len(rows)), key=lambda i: rows[i][0])
+    for a, b in itertools.pairwise(order):
+        shared = lcp(rows[a][0], rows[b][0]) - max(rows[a][1], rows[b][1])
+        if shared >= least:
+            assert a in owner or b in owner
+
+
+def test_shared_stems_of_sibling_prompts() -> None:
+    """Three prompts after one common part and a fourth apart: one stem, the common part, as
+    long as each row has at most ``least`` tokens less of it stored."""
+    from factor_cli.policy.generation.hf import shared_stems
+
+    common = tuple(range(40))
+    rows = [((*common, 50, 51), 5), ((*common, 60), 0), (tuple(range(100, 150)), 0),
+            ((*common, 70, 71, 72), 8)]  # fmt: skip
+    assert shared_stems(rows, 32) == [(common, [0, 1, 3])]
+    # 40 - 8 stored = 32 past the cache: too short for the third at 33, not for the first two
+    assert shared_stems(rows, 33) == [(common, [0, 1])]
+    assert shared_stems(rows, 36) == []
+
+
+def test_stems_prefill_a_shared_part_once_and_change_no_reply(policy) -> None:
+    """Prompts that share a long part nothing stored yet: with stems it is computed once (the
+    prefill counter drops by the copies saved), replies are the same (seeded and greedy) and
+    log-probs agree within 1e-5."""
+    task = "Task: find the coin and take it.\n\nCurrent observation: " + "A long corridor. " * 8
+    prompts = [f"{task}You see a {x}." for x in ("door", "table", "key", "lamp")] + ["look"]
+    on = HFGenerator(policy, max_new_tokens=8, max_context=1024)
+    off = HFGenerator(policy, max_new_tokens=8, max_context=1024, stem_min=None)
+    shared = len(on.encode([task])[0][0]) - 4  # about the part the four share (BPE edges)
+    for greedy in (False, True):
+        on.refresh()
+        off.refresh()
+        a = on.generate(prompts, greedy=greedy, seeds=list(range(5)))
+        b = off.generate(prompts, greedy=greedy, seeds=list(range(5)))
+        for x, y in zip(a, b):
+            assert x.token_ids == y.token_ids
+            gap = (torch.tensor(x.logprobs) - torch.tensor(y.logprobs)).abs().max()
+            assert float(gap) < TOL
+    assert on.prompt_tokens == off.prompt_tokens
+    assert off.prefill_tokens - on.prefill_tokens >= 2 * 3 * shared  # 3 copies saved, twice

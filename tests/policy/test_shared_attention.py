@@ -130,8 +130,8 @@ def test_backend_replies_are_the_same_with_the_prefix_held_once(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The hf backend with and without the shared prefix: same replies (seeded and greedy),
-    log-probs within 1e-5, and the prefix was really held apart, in decoding and (once the
-    task is stored) in the prefill of the new observations."""
+    log-probs within 1e-5, and the prefix was really held apart, in decoding and in the
+    prefill of the new observations."""
     from factor_cli.policy.generation import hf
     from factor_cli.policy.model import load_policy
 
@@ -157,7 +157,8 @@ def test_backend_replies_are_the_same_with_the_prefix_held_once(
             assert x.token_ids == y.token_ids and x.prompt_ids == y.prompt_ids
             gap = (torch.tensor(x.logprobs) - torch.tensor(y.logprobs)).abs().max()
             assert float(gap) < TOL
-        # Turn 0: decoding only (nothing was stored to prefill from); turn 1: the prefill too.
-        assert (len(entered) == 1) if turn == 0 else (len(entered) >= 2)
+        # Decoding, and the prefill of the rows: at turn 0 the task is prefilled once first
+        # (a stem: hf.shared_stems), at turn 1 it is stored already.
+        assert len(entered) >= 2
         assert min(entered) > 16
     assert on.shared_prefix_tokens > 2 * 5 * 16 and off.shared_prefix_tokens == 0

@@ -18,7 +18,11 @@ are append-only (a ``prompt.history_turns`` window covering the whole episode), 
 (+ the first observation) shared by the K trajectories of a group, a continuation's root prompt
 at its checkpoint. A batch runs in two passes:
 
-1. prefill: the distinct prompts whose x[:-1] (all but the last token) is not fully stored,
+1. prefill: what two or more prompts of the batch share past their stored prefixes, by at least
+   ``stem_min`` tokens (a stem: the K trajectories of a group after different first actions
+   share system, task and o_0 up to the action they differ in), is prefilled first, once
+   (:func:`shared_stems`; 24% fewer prefilled root tokens in ``benchmarks/rollout.py``); then
+   the distinct prompts whose x[:-1] (all but the last token) is not fully stored,
    in batches of similar suffix lengths, are left-padded to a width W; row u has pad_u padding
    columns, m_u stored tokens and S_u = |x_u| - 1 - m_u new ones; with c0 = W - max_u S_u,
    one forward computes columns [c0, W) over a cache holding, per row, its stored KV for
@@ -83,6 +87,11 @@ SHARED_PREFIX_MIN = 16
 batch (:mod:`.shared_attention`) when it is at least this many tokens long (shorter ones are not
 worth a second attention call)."""
 
+STEM_MIN = 32
+"""A prefix that two or more prompts of one batch share past what the cache holds of them is
+prefilled once, first, when it is at least this many tokens longer than that (a shorter one is
+not worth the extra forward): :func:`shared_stems`."""
+
 PREFIX_CACHE_BYTES = 1024**3
 """Default bound of the prefix cache's memory (KV bytes): 1 GiB, at most two full batches of
 contexts (``2 * batch_size * max_context`` tokens); ``prefix_cache_tokens`` overrides it."""
@@ -112,12 +121,16 @@ class HFGenerator(TokenizedBackend):
         prefix_reuse: bool = True,
         prefix_cache_tokens: int | None = None,
         shared_prefix_min: int | None = SHARED_PREFIX_MIN,
+        stem_min: int | None = STEM_MIN,
     ) -> None:
         """``prefix_reuse``: keep prompt KV across calls and prefill only new suffixes (module
         docstring); ``prefix_cache_tokens``: the cache's bound in tokens (default: what
         :data:`PREFIX_CACHE_BYTES` holds, at most ``2 * batch_size * max_context``);
         ``shared_prefix_min``: with prefix reuse on a CPU, prefill and decode read a stored
-        prefix of at least this many tokens shared by every row of a batch once (None: never)."""
+        prefix of at least this many tokens shared by every row of a batch once (None: never);
+        ``stem_min``: with prefix reuse, prefill first, once, what two or more prompts of a
+        batch share past their stored prefixes when that is at least this many tokens (None:
+        never; :func:`shared_stems`)."""
         super().__init__(policy, GenerationLimits(max_new_tokens, max_context, batch_size))
         self.tries = TrieBuilder(self.tokenizer, self.stop_ids)
         if prefix_cache_tokens is None:
@@ -133,6 +146,7 @@ class HFGenerator(TokenizedBackend):
         self.score_reused_tokens = 0
         """Tokens :meth:`score` took from the prefix cache instead of encoding them."""
         self.shared_prefix_min = shared_prefix_min
+        self.stem_min = stem_min
         self.shared_prefix_tokens = 0
         """Prompt tokens that decoding read from a prefix shared by the whole batch (held once)
         instead of from each row's own cache."""
@@ -274,15 +288,15 @@ class HFGenerator(TokenizedBackend):
         found = [self.prefix_cache.match(h) for h in distinct]
         missing = [(h, m) for h, m in zip(distinct, found) if m.length < len(h)]
         self.prefill_tokens += sum(min(len(p), 1) for p in prompts)  # decoding's first column
-        # Batched by suffix length, so one long suffix does not pad every row to its width.
-        for batch in self._cost_batches([len(h) - m.length for h, m in missing]):
-            # Matched again: an earlier batch may have stored more of a row, or split the
-            # nodes an older match points into.
-            again = [(h, self.prefix_cache.match(h)) for h in (missing[i][0] for i in batch)]
-            rows = [(h, m) for h, m in again if m.length < len(h)]
-            if rows:
-                self.prefill_tokens += sum(len(h) - m.length for h, m in rows)
-                self._prefill(rows, device, transient)
+        if self.stem_min is not None and len(missing) > 1:
+            stems = shared_stems([(h, m.length) for h, m in missing], self.stem_min)
+            # A stem is transient only when every prompt that shares it is.
+            self._prefill_missing(
+                [s for s, _ in stems],
+                device,
+                {s for s, of in stems if all(missing[i][0] in transient for i in of)},
+            )
+        self._prefill_missing([h for h, _ in missing], device, transient)
         stored = {h: self.prefix_cache.match(h) for h in distinct}
         n_shared = self._shared_length(heads, device)
         shared = None
@@ -297,6 +311,21 @@ class HFGenerator(TokenizedBackend):
         cache = self._stored_cache(matches, pads, width, device, capacity, n_shared)
         self.prefix_cache.evict()  # after the gather: this batch's prefixes were needed until now
         return ids.to(device), mask.to(device), cache, shared
+
+    def _prefill_missing(
+        self, seqs: list[tuple[int, ...]], device: torch.device, transient: set[tuple[int, ...]]
+    ) -> None:
+        """Store the KV of every sequence of ``seqs``, prefilling what the cache lacks of each,
+        in batches of similar suffix lengths (so one long suffix does not pad every row)."""
+        found = [self.prefix_cache.match(s) for s in seqs]
+        for batch in self._cost_batches([len(s) - m.length for s, m in zip(seqs, found)]):
+            # Matched again: an earlier batch may have stored more of a row, or split the
+            # nodes an older match points into.
+            again = [(h, self.prefix_cache.match(h)) for h in (seqs[i] for i in batch)]
+            rows = [(h, m) for h, m in again if m.length < len(h)]
+            if rows:
+                self.prefill_tokens += sum(len(h) - m.length for h, m in rows)
+                self._prefill(rows, device, transient)
 
     def _shared_length(
         self, heads: list[tuple[int, ...]], device: torch.device, cap: int | None = None
@@ -546,6 +575,47 @@ class HFGenerator(TokenizedBackend):
             prompt_truncated=cut,
             allowed_ids=allowed_ids,
         )
+
+
+def shared_stems(
+    rows: Sequence[tuple[tuple[int, ...], int]], least: int
+) -> list[tuple[tuple[int, ...], list[int]]]:
+    """Prefixes that two or more of ``rows`` (sequence, tokens of it already stored) share past
+    what is stored of each of them, by at least ``least`` tokens, with the rows sharing each.
+
+    Among the sorted sequences, a run of neighbours whose common prefix c satisfies
+    c - max_i(stored_i) >= ``least`` gives the stem x[:c]. Prefilled once before its rows, it
+    saves sum_i (c - stored_i) - (c - max_i stored_i) >= ``least`` computed tokens (the K
+    trajectories of a group after different first actions share system, task and o_0 until
+    the first action they differ in; such a prefix is in no earlier prompt)."""
+    order = sorted(range(len(rows)), key=lambda i: rows[i][0])
+    stems: list[tuple[tuple[int, ...], list[int]]] = []
+    i = 0
+    while i < len(order):
+        seq, top = rows[order[i]]
+        stem, j = len(seq), i + 1
+        while j < len(order):
+            nxt, stored = rows[order[j]]
+            common = min(stem, _common_length(rows[order[j - 1]][0], nxt))
+            if common - max(top, stored) < least:
+                break
+            stem, top, j = common, max(top, stored), j + 1
+        if j - i >= 2:
+            stems.append((seq[:stem], sorted(order[i:j])))
+        i = j
+    return stems
+
+
+def _common_length(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """Length of the common prefix of ``a`` and ``b`` (binary search: slices compare in C)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _plain_kv_layers(model: torch.nn.Module) -> bool:
