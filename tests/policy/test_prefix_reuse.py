@@ -412,3 +412,22 @@ def test_stems_prefill_a_shared_part_once_and_change_no_reply(policy) -> None:
             assert float(gap) < TOL
     assert on.prompt_tokens == off.prompt_tokens
     assert off.prefill_tokens - on.prefill_tokens >= 2 * 3 * shared  # 3 copies saved, twice
+
+
+def test_a_batch_in_any_order_gives_each_prompt_its_own_reply(policy) -> None:
+    """The backend orders a batch's rows by length (banded decode attention); each reply
+    still goes to its own prompt and equals that prompt's reply alone (same seed)."""
+    prompts = [
+        "Task: find the coin.\n\nCurrent observation: " + "You are in a long hall. " * n
+        for n in (5, 1, 9, 3, 7)
+    ]
+    seeds = [11, 12, 13, 14, 15]
+    gen = HFGenerator(policy, max_new_tokens=8, max_context=1024)
+    batch = gen.generate(prompts, seeds=seeds)
+    for prompt, seed, got in zip(prompts, seeds, batch):
+        alone = HFGenerator(policy, max_new_tokens=8, max_context=1024).generate(
+            [prompt], seeds=[seed]
+        )[0]
+        assert got.prompt_ids == alone.prompt_ids and got.token_ids == alone.token_ids
+        gap = (torch.tensor(got.logprobs) - torch.tensor(alone.logprobs)).abs().max()
+        assert float(gap) < TOL

@@ -4,6 +4,7 @@ key-value heads; the prefix cache's offset gather; the hf backend's replies with
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,10 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LlamaConfig
 
+from factor_cli.policy.generation import shared_attention
 from factor_cli.policy.generation.prefix_cache import PrefixCache
 from factor_cli.policy.generation.shared_attention import (
     NAME,
     merge_attention,
+    row_bands,
     shared_prefix_attention,
     use_shared_prefix,
 )
@@ -76,6 +79,70 @@ def test_attention_over_a_shared_prefix_equals_attention_over_the_concatenation(
             allowed = causal[None, None].repeat(b, 1, 1, 1)
         got, _ = shared_prefix_attention(module, q, k, v, mask, scaling=d**-0.5)
     assert model.config._attn_implementation == "sdpa"
+    want = _oracle(q, prefix[0, 0], prefix[0, 1], k, v, allowed, d**-0.5)
+    torch.testing.assert_close(got, want.transpose(1, 2), atol=TOL, rtol=0)
+
+
+@given(
+    pads=st.lists(st.integers(0, 12), min_size=1, max_size=20),
+    q_len=st.integers(1, 3),
+    cells=st.sampled_from([0, 4, 16, 10_000]),
+)
+def test_row_bands_cover_the_rows_in_order_and_skip_only_unread_columns(
+    pads: list[int], q_len: int, cells: int
+) -> None:
+    """Bands are contiguous and cover rows 0..B-1 once, in order; no query of a band's rows
+    attends a column before the band's c; the cells a band computes in vain stay within the
+    price of a call, unless the band is one row."""
+    s = 12 + q_len
+    allowed = torch.ones(len(pads), 1, q_len, s, dtype=torch.bool).tril(s - q_len)
+    for i, pad in enumerate(pads):
+        allowed[i, ..., :pad] = False
+    bands = row_bands(allowed, cells)
+    assert bands[0][0] == 0 and bands[-1][1] == len(pads)
+    for (_, end, _), (start, _, _) in itertools.pairwise(bands):
+        assert end == start
+    for r0, r1, c in bands:
+        assert r0 < r1
+        assert not allowed[r0:r1, ..., :c].any()
+        waste = sum((pads[r] - c) * q_len for r in range(r0, r1))
+        assert waste <= cells or r1 - r0 == 1
+    if cells == 0:  # no padding computed at all: every band starts at its rows' first column
+        assert all(pads[r] == c for r0, r1, c in bands for r in range(r0, r1))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), b=st.integers(2, 9), p=st.integers(1, 6))
+def test_decode_attention_by_bands_equals_attention_over_the_concatenation(
+    seed: int, b: int, p: int
+) -> None:
+    """One query per row, rows of very different padding (sorted and not): attention run per
+    band (every band forced by a call price of 0 cells) equals the loop oracle."""
+    g = torch.Generator().manual_seed(seed)
+    d, h, s = 8, 2, 16
+    q = torch.randn(b, h, 1, d, generator=g)
+    k, v = torch.randn(2, b, h, s, d, generator=g)
+    prefix = torch.randn(1, 2, 1, h, p, d, generator=g)
+    pads = torch.randint(0, s, (b,), generator=g).tolist()
+    allowed = torch.ones(b, 1, 1, s, dtype=torch.bool)
+    for i, pad in enumerate(pads):
+        allowed[i, ..., :pad] = False
+    module = SimpleNamespace(layer_idx=0, num_key_value_groups=1, is_causal=True)
+    model = SimpleNamespace(config=LlamaConfig(attn_implementation="sdpa"))
+    seen: list[list[tuple[int, int, int]]] = []
+    forced = shared_attention.row_bands
+
+    def every_band(mask: torch.Tensor, call_cells: int = 0) -> list[tuple[int, int, int]]:
+        seen.append(forced(mask, 0))
+        return seen[-1]
+
+    shared_attention.row_bands = every_band
+    try:
+        with use_shared_prefix(model, prefix):
+            got, _ = shared_prefix_attention(module, q, k, v, allowed, scaling=d**-0.5)
+    finally:
+        shared_attention.row_bands = forced
+    assert seen and len(seen[0]) >= len(set(pads)) > 0
     want = _oracle(q, prefix[0, 0], prefix[0, 1], k, v, allowed, d**-0.5)
     torch.testing.assert_close(got, want.transpose(1, 2), atol=TOL, rtol=0)
 

@@ -544,8 +544,18 @@ class HFGenerator(TokenizedBackend):
         keep: Sequence[bool] | None = None,
     ) -> list[Generation]:
         device = next(self.model.parameters()).device
-        ids, mask, cache, shared = self._inputs([e[0] for e in encoded], device, keep)
         tries = list(tries) if tries is not None else [None] * len(encoded)
+        order = list(range(len(encoded)))
+        if greedy or seeds is not None:
+            # Rows by prompt length, so rows with similar padding are neighbours (the banded
+            # own-column attention of :mod:`.shared_attention`); a reply does not depend on its
+            # row's place. Global-RNG draws would, so those batches keep the caller's order.
+            order.sort(key=lambda i: len(encoded[i][0]))
+        encoded = [encoded[i] for i in order]
+        tries = [tries[i] for i in order]
+        seeds = None if seeds is None else [seeds[i] for i in order]
+        keep = None if keep is None else [keep[i] for i in order]
+        ids, mask, cache, shared = self._inputs([e[0] for e in encoded], device, keep)
         sampling = self._sampling(temperature, greedy, seeds, device)
         args = (self.model, ids, mask, cache, self.max_new_tokens, self.stop_ids, sampling, tries)
         if shared is None:
@@ -553,10 +563,10 @@ class HFGenerator(TokenizedBackend):
         else:
             with use_shared_prefix(self.model, shared):
                 replies = decode(*args, first_position=shared.shape[-2])
-        return [
-            self._to_generation(reply, prompt, cut, trie)
-            for reply, (prompt, cut), trie in zip(replies, encoded, tries)
-        ]
+        out: list[Generation] = [None] * len(encoded)  # type: ignore[list-item]
+        for i, reply, (prompt, cut), trie in zip(order, replies, encoded, tries):
+            out[i] = self._to_generation(reply, prompt, cut, trie)
+        return out
 
     def _to_generation(
         self, reply: Decoded, prompt: list[int], cut: bool, trie: TokenTrie | None = None
