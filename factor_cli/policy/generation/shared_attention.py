@@ -90,7 +90,8 @@ def row_bands(
     more kernel call. Rows ordered by length make each band's padding small."""
     b, _, q, s = allowed.shape
     attended = allowed.any(dim=2).squeeze(1)  # [B, S]: columns some query of the row reads
-    first = torch.where(attended.any(-1), attended.int().argmax(-1), s).tolist()
+    # A row that reads nothing keeps its last column, so no band is ever empty of columns.
+    first = torch.where(attended.any(-1), attended.int().argmax(-1), s - 1).tolist()
     bands: list[tuple[int, int, int]] = []
     r0, c, waste = 0, first[0], 0
     for r in range(1, b):
@@ -103,7 +104,7 @@ def row_bands(
             r0, c, waste = r, f, 0
         else:
             waste, c = waste + extra, min(c, f)
-    bands.append((r0, b, min(c, s)))
+    bands.append((r0, b, c))
     return bands
 
 
