@@ -337,8 +337,7 @@ class HFGenerator(TokenizedBackend):
         if least is None or len(heads) < 2 or device.type != "cpu":
             return 0
         # The common prefix of all is that of the lexicographically first and last.
-        lo, hi = min(heads), max(heads)
-        n = next((i for i, (a, b) in enumerate(zip(lo, hi)) if a != b), min(len(lo), len(hi)))
+        n = _common_length(min(heads), max(heads))
         n = n if cap is None else min(n, cap)
         return n if n >= max(least, 1) else 0
 

@@ -58,8 +58,10 @@ class _Active:
 
     prefix: torch.Tensor
     calls: int = 0
-    bands_of: torch.Tensor | None = None
-    """The mask the cached :attr:`bands` were cut for (every layer of a forward gets the same)."""
+    mask_of: torch.Tensor | None = None
+    """The bool mask :attr:`additive` and :attr:`bands` were made from: every layer of one
+    forward gets the same mask object, so they are made once per forward, not per layer."""
+    additive: torch.Tensor | None = None
     bands: list[tuple[int, int, int]] | None = None
 
 
@@ -176,14 +178,14 @@ def shared_prefix_attention(
         s = key.shape[-2]
         attention_mask = torch.ones(q, s, dtype=torch.bool, device=query.device).tril(s - q)
         attention_mask = attention_mask[None, None]
-    add, bands = None, None
-    if attention_mask is not None:
+    if attention_mask is not None and active.mask_of is not attention_mask:
         add = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device)
         add.masked_fill_(~attention_mask, float("-inf"))
-        if q == 1 and attention_mask.shape[0] == b and attention_mask.shape[1] == 1:
-            if active.bands_of is not attention_mask:
-                active.bands_of, active.bands = attention_mask, row_bands(attention_mask)
-            bands = active.bands
+        banded = q == 1 and attention_mask.shape[0] == b and attention_mask.shape[1] == 1
+        active.mask_of, active.additive = attention_mask, add
+        active.bands = row_bands(attention_mask) if banded else None
+    add = None if attention_mask is None else active.additive
+    bands = None if attention_mask is None else active.bands
     out_r, lse_r = _banded_flash(query, key, value, add, scale, bands)
     # Every row's queries form one block against the prefix: K_P, V_P are read once.
     block = query.transpose(0, 1).reshape(1, h, b * q, d)
