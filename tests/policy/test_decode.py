@@ -222,3 +222,109 @@ def test_decoding_ends_when_the_last_row_stops(monkeypatch: pytest.MonkeyPatch) 
     got = decode(net, ids, mask, DynamicCache(), MAX_NEW, [STOP], Sampling(1.0, True), [None] * 4)
     assert [r.tokens for r in got] == [[5, 5, 5, STOP], [5, 5, STOP], [5, STOP], [STOP]]
     assert len(calls) == 4
+
+
+# -- requests that share a row (hf.duplicate_rows) ----------------------------------------------
+@settings(max_examples=12, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    owners=st.lists(st.integers(0, 2), min_size=1, max_size=8),
+    kind=st.sampled_from(["greedy", "seeded-1", "seeded-0.7"]),
+    constrained=st.booleans(),
+    compact=st.sampled_from([0.0, 0.75, 1.0]),
+    buffered=st.booleans(),
+)
+def test_requests_sharing_a_row_get_the_replies_each_gets_alone(
+    model, seed, owners, kind, constrained, compact, buffered
+) -> None:
+    """``members``: request i decodes on the row of prompt ``owners[i]`` with every other
+    request of that prompt, from its own stream and under its own allowed replies; each reply
+    equals the cache-free oracle of the request alone, however the draws split the rows
+    (copies appended to the buffers, or reselected on a plain ``DynamicCache``) and whatever
+    compaction does."""
+    from transformers import DynamicCache
+
+    distinct = sorted(set(owners))
+    prompts = _prompts(seed, 3)
+    n = len(owners)
+    tries = _tries(seed, n) if constrained else [None] * n
+    members = [[i for i, o in enumerate(owners) if o == d] for d in distinct]
+    ids, mask = _left_pad([prompts[d] for d in distinct])
+    cache = buffer_cache(model.config, ids.shape[1] + MAX_NEW - 1) if buffered else DynamicCache()
+    old = decode_module.COMPACT_BELOW
+    decode_module.COMPACT_BELOW = compact
+    try:
+        with torch.no_grad():
+            got = decode(
+                model,
+                ids,
+                mask,
+                cache,
+                MAX_NEW,
+                [STOP],
+                _sampling(kind, n, seed),
+                tries,
+                members=members,
+            )
+    finally:
+        decode_module.COMPACT_BELOW = old
+    assert len(got) == n
+    oracle_sampling = _sampling(kind, n, seed)
+    for i, (owner, reply) in enumerate(zip(owners, got)):
+        toks, lps = _oracle(model, prompts[owner], oracle_sampling, i, tries[i])
+        assert reply.tokens == toks
+        torch.testing.assert_close(
+            torch.tensor(reply.logprobs), torch.tensor(lps), atol=1e-5, rtol=0
+        )
+
+
+def test_a_shared_row_splits_where_its_requests_draw_apart(model) -> None:
+    """Six requests of one prompt on one row: their seeded draws part (the split path runs),
+    the buffers grow by copies of the row, and every reply is the request's own."""
+    prompt = _prompts(21, 1)[0]
+    ids, mask = _left_pad([prompt])
+    cache = buffer_cache(model.config, ids.shape[1] + MAX_NEW - 1)
+    sampling = _sampling("seeded-1", 6, 4)
+    with torch.no_grad():
+        got = decode(
+            model, ids, mask, cache, MAX_NEW, [STOP], sampling, [None] * 6, members=[range(6)]
+        )
+    assert len({tuple(r.tokens) for r in got}) > 1  # the row split
+    oracle_sampling = _sampling("seeded-1", 6, 4)
+    for i, reply in enumerate(got):
+        assert reply.tokens == _oracle(model, prompt, oracle_sampling, i, None)[0]
+
+
+def test_split_keeps_the_first_requests_token_and_copies_the_rest_in_order() -> None:
+    groups = [[0, 3, 4], [1, 2], [5, 6]]
+    drawn = {0: 7, 3: 8, 4: 7, 1: 9, 2: 9, 5: 1, 6: 2}
+    kept, copies, tokens = decode_module._split(groups, drawn, [False, False, True])
+    # Row 0 keeps requests 0 and 4 (token 7) and request 3 leaves for a copy of row 0 (token
+    # 8); row 1 agrees; row 2 had stopped, so its requests stay together on its first token.
+    assert kept == [[0, 4], [1, 2], [5, 6], [3]]
+    assert copies == [0]
+    assert tokens == [7, 9, 1, 8]
+
+
+def test_buffer_rows_are_appended_as_copies_and_grow_once(model) -> None:
+    ids = torch.tensor([[2, 3, 4], [5, 6, 7]])
+    step = torch.tensor([[8], [9], [10]])
+    with torch.no_grad():
+        buf = buffer_cache(model.config, 6)
+        model(input_ids=ids, past_key_values=buf, use_cache=True)
+        before = [(lay.keys.clone(), lay.values.clone()) for lay in buf.layers]
+        decode_module.append_rows(buf, 2, [1], room=4)  # grows to 4 rows: one copy
+        layer = buf.layers[0]
+        assert layer.rows == 3 and layer._k.shape[0] == 4
+        for lay, (k, v) in zip(buf.layers, before):
+            torch.testing.assert_close(lay.keys, torch.cat([k, k[1:]]), atol=0, rtol=0)
+            torch.testing.assert_close(lay.values, torch.cat([v, v[1:]]), atol=0, rtol=0)
+        spare = layer._k
+        decode_module.append_rows(buf, 3, [0], room=4)  # into the spare row
+        assert buf.layers[0]._k is spare and buf.layers[0].rows == 4
+        # The copies decode as their rows do.
+        step4 = torch.cat([step, step[:1]])
+        out = model(input_ids=step4, past_key_values=buf, use_cache=True).logits
+        dyn_ids = torch.cat([ids, ids[1:], ids[:1]])
+        ref = model(input_ids=torch.cat([dyn_ids, step4], 1)).logits[:, -1:]
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)

@@ -431,3 +431,47 @@ def test_a_batch_in_any_order_gives_each_prompt_its_own_reply(policy) -> None:
         assert got.prompt_ids == alone.prompt_ids and got.token_ids == alone.token_ids
         gap = (torch.tensor(got.logprobs) - torch.tensor(alone.logprobs)).abs().max()
         assert float(gap) < TOL
+
+
+def test_duplicate_rows_group_requests_by_prompt() -> None:
+    from factor_cli.policy.generation.hf import duplicate_rows
+
+    prompts = [[1, 2], [1, 2], [3], [1, 2, 4], [1, 2], [3]]
+    assert duplicate_rows(prompts) == [[0, 1, 4], [2, 5], [3]]
+    assert duplicate_rows([[1], [2], [1, 2]]) is None  # all distinct: no grouping
+
+
+def test_merged_duplicates_decode_once_and_change_no_reply(policy) -> None:
+    """Repeated prompts (a group's first turns, a checkpoint's continuations) share a decode
+    row while their replies agree: replies are those of a row per request (seeded, free and
+    constrained, also where requests of one prompt allow other replies, and greedy), log-probs
+    within 1e-5, prompt tokens counted alike, fewer computed; seedless sampling keeps a row per
+    request."""
+    obs = "Current observation: You are in the {}. There is a door to the north."
+    prompts = [f"Task: find the coin.\n\n{obs.format(r)}" for r in ["kitchen"] * 5 + ["hall"] * 3]
+    allowed = [["go north", "take coin", "look"]] * 4 + [["go north"]] + [["look", "go east"]] * 3
+    on = HFGenerator(policy, max_new_tokens=8, max_context=1024)
+    off = HFGenerator(policy, max_new_tokens=8, max_context=1024, merge_duplicates=False)
+    for greedy, acts in itertools.product((False, True), (allowed, None)):
+        a = on.generate(prompts, greedy=greedy, seeds=list(range(8)), allowed=acts)
+        b = off.generate(prompts, greedy=greedy, seeds=list(range(8)), allowed=acts)
+        for x, y in zip(a, b):
+            assert x.token_ids == y.token_ids and x.allowed_ids == y.allowed_ids
+            gap = (torch.tensor(x.logprobs) - torch.tensor(y.logprobs)).abs().max()
+            assert float(gap) < TOL
+        if not greedy and acts is None:
+            assert len({tuple(x.token_ids) for x in a[:5]}) > 1  # a shared row split
+    assert on.prompt_tokens == off.prompt_tokens
+    assert on.prefill_tokens < off.prefill_tokens
+    seen: list[int] = []
+    real = type(on)._inputs
+
+    def count(self, prompts, *args):
+        seen.append(len(prompts))
+        return real(self, prompts, *args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(on), "_inputs", count)
+        on.generate(prompts, seed=None)  # global-RNG draws: a row per request
+        on.generate(prompts, seeds=list(range(8)))
+    assert seen == [8, 2]

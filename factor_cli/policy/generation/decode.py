@@ -40,9 +40,11 @@ COMPACT_BELOW = 0.5
 
 
 class BufferLayer(DynamicLayer):
-    """A full-attention cache layer over buffers [B, H_kv, capacity, D] allocated once:
-    :meth:`update` writes the new keys and values in place and returns views of the filled
-    columns, where :class:`~transformers.cache_utils.DynamicLayer` concatenates."""
+    """A full-attention cache layer over buffers [R, H_kv, capacity, D] allocated once, of which
+    the first ``rows`` rows are the batch's: :meth:`update` writes the new keys and values in
+    place and returns views of the filled columns, where
+    :class:`~transformers.cache_utils.DynamicLayer` concatenates; :meth:`append_rows` copies
+    rows into the spare ones."""
 
     def __init__(
         self,
@@ -54,21 +56,26 @@ class BufferLayer(DynamicLayer):
         super().__init__()
         self.capacity = capacity
         self.length = 0
+        self.rows = 0
         if keys is not None and values is not None:
-            self._set(keys, values, length)
+            self._set(keys, values, length, keys.shape[0])
 
-    def _set(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+    def _set(self, keys: torch.Tensor, values: torch.Tensor, length: int, rows: int) -> None:
         if keys.shape[-2] != self.capacity or length > self.capacity:
             raise ValueError(f"buffer of {keys.shape[-2]} columns, capacity {self.capacity}")
-        self._k, self._v, self.length = keys, values, length
+        self._k, self._v, self.length, self.rows = keys, values, length, rows
         self.dtype, self.device = keys.dtype, keys.device
         self.is_initialized = True
-        self.keys, self.values = keys[..., :length, :], values[..., :length, :]
+        self._views()
+
+    def _views(self) -> None:
+        n, m = self.rows, self.length
+        self.keys, self.values = self._k[:n, :, :m], self._v[:n, :, :m]
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, h, _, d = key_states.shape
         empty = key_states.new_empty((b, h, self.capacity, d))
-        self._set(empty, torch.empty_like(empty), 0)
+        self._set(empty, torch.empty_like(empty), 0, b)
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -78,10 +85,10 @@ class BufferLayer(DynamicLayer):
         lo, hi = self.length, self.length + key_states.shape[-2]
         if hi > self.capacity:
             raise RuntimeError(f"KV buffer full: {hi} columns for a capacity of {self.capacity}")
-        self._k[..., lo:hi, :] = key_states
-        self._v[..., lo:hi, :] = value_states
+        self._k[: self.rows, :, lo:hi] = key_states
+        self._v[: self.rows, :, lo:hi] = value_states
         self.length = hi
-        self.keys, self.values = self._k[..., :hi, :], self._v[..., :hi, :]
+        self._views()
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -90,8 +97,37 @@ class BufferLayer(DynamicLayer):
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         # index_select, not advanced indexing: its kernel copies whole rows (3x faster on CPU).
         if self.is_initialized:
-            keys, values = self._k.index_select(0, indices), self._v.index_select(0, indices)
-            self._set(keys, values, self.length)
+            keys = self._k[: self.rows].index_select(0, indices)
+            values = self._v[: self.rows].index_select(0, indices)
+            self._set(keys, values, self.length, len(indices))
+
+    def append_rows(self, src: Sequence[int], room: int) -> None:
+        """Copies of rows ``src`` after the batch's rows, in that order. With fewer spare rows
+        than that, the buffers are first reallocated with ``room`` rows (at least enough),
+        which copies the batch's rows once."""
+        n, m = self.rows, self.length
+        need = n + len(src)
+        if need > self._k.shape[0]:
+            shape = (max(room, need), *self._k.shape[1:])
+            keys, values = self._k.new_empty(shape), self._v.new_empty(shape)
+            keys[:n, :, :m], values[:n, :, :m] = self._k[:n, :, :m], self._v[:n, :, :m]
+            self._k, self._v = keys, values
+        for i, r in enumerate(src):
+            self._k[n + i, :, :m] = self._k[r, :, :m]
+            self._v[n + i, :, :m] = self._v[r, :, :m]
+        self.rows = need
+        self._views()
+
+
+def append_rows(cache: DynamicCache, rows: int, src: Sequence[int], room: int) -> None:
+    """Copies of the ``rows``-row batch's rows ``src`` appended to ``cache``, in that order:
+    into spare rows of :class:`BufferLayer` s (``room``: the most rows the batch will need),
+    by a reselection of every row for other layers."""
+    if all(isinstance(layer, BufferLayer) for layer in cache.layers):
+        for layer in cache.layers:
+            layer.append_rows(src, room)
+    else:
+        cache.batch_select_indices(torch.tensor([*range(rows), *src]))
 
 
 def buffer_cache(
@@ -172,6 +208,7 @@ def decode(
     sampling: Sampling,
     tries: Sequence[TokenTrie | None],
     first_position: int = 0,
+    members: Sequence[Sequence[int]] | None = None,
 ) -> list[Decoded]:
     """Replies to the left-padded prompts ``ids`` [B, W] (``mask`` [B, W]) whose first
     ``cache.get_seq_length()`` columns are in ``cache`` already (a :func:`buffer_cache` of at
@@ -179,17 +216,24 @@ def decode(
     computes the rest of the prompt, each later one the previous token, until every row
     stopped or has ``max_new_tokens`` tokens. ``first_position``: the position of each row's
     first token in ``ids`` (> 0 when the tokens before it are a prefix shared by every row,
-    held apart: :mod:`.shared_attention`)."""
+    held apart: :mod:`.shared_attention`).
+
+    ``members[r]``: the requests (indices into ``tries`` and the result) that row r decodes
+    for, requests with the same prompt (None: row r is request r alone).
+    A row's requests draw their own tokens (``sampling``'s per-request streams) from the
+    row's logits, which are theirs exactly while their replies agree; where the draws of a
+    row's requests differ, the row is copied, its KV with it, once per further token, so each
+    row always holds one sequence (:func:`_split`)."""
     device = ids.device
     n, width = ids.shape
+    groups = [[b] for b in range(n)] if members is None else [list(m) for m in members]
     stops = torch.tensor(sorted(set(int(s) for s in stop_ids)), device=device)
     full = torch.zeros((n, width + max_new_tokens), dtype=mask.dtype, device=device)
     full[:, :width] = mask
     pos = (mask.cumsum(-1) - 1).clamp_min(0) + first_position
-    rows = list(range(n))  # batch row -> original row
     done = torch.zeros(n, dtype=torch.bool, device=device)  # per batch row: a stop was drawn
-    out: list[list[int]] = [[] for _ in range(n)]
-    lps: list[list[float]] = [[] for _ in range(n)]
+    out: list[list[int]] = [[] for _ in range(sum(len(g) for g in groups))]
+    lps: list[list[float]] = [[] for _ in out]
     start = cache.get_seq_length()
     step_ids, step_pos, cols = ids[:, start:], pos[:, start:], width
     for j in range(max_new_tokens):
@@ -202,6 +246,10 @@ def decode(
             logits_to_keep=1,
         ).logits[:, -1, :]
         raw = logits.float()
+        rows = [b for g in groups for b in g]  # the requests, in batch row order
+        if len(rows) > len(groups):
+            src = [r for r, g in enumerate(groups) for _ in g]
+            raw = raw.index_select(0, torch.tensor(src, device=device))
         keep = _trie_keep(tries, rows, out, raw.shape[-1])
         off = None if keep is None else ~keep.to(device)  # one transfer, both masks
         z = raw if off is None else raw.masked_fill(off, float("-inf"))
@@ -210,22 +258,55 @@ def decode(
         if off is not None:
             scaled = scaled.masked_fill(off, MASKED_LOGIT)
         lp = torch.log_softmax(scaled, -1).gather(-1, tok[:, None]).squeeze(-1)
-        for b, t, p in zip(rows, tok.tolist(), lp.tolist()):
+        drawn = tok.tolist()
+        for b, t, p in zip(rows, drawn, lp.tolist()):
             out[b].append(t)
             lps[b].append(p)
-        done |= torch.isin(tok, stops)
+        groups, copies, row_tok = _split(groups, dict(zip(rows, drawn)), done.tolist())
+        step_tok = torch.tensor(row_tok, device=device)
+        if copies:
+            append_rows(cache, len(done), copies, len(out))
+            idx = torch.tensor([*range(len(done)), *copies], device=device)
+            full, step_pos, done = full[idx], step_pos[idx], done[idx]
+        done |= torch.isin(step_tok, stops)
         going = ~done
         if j + 1 == max_new_tokens or not bool(going.any()):
             break
         full[:, cols] = 1
-        step_ids, step_pos, cols = tok[:, None], step_pos[:, -1:] + 1, cols + 1
-        if int(going.sum()) <= COMPACT_BELOW * len(rows):
+        step_ids, step_pos, cols = step_tok[:, None], step_pos[:, -1:] + 1, cols + 1
+        if int(going.sum()) <= COMPACT_BELOW * len(groups):
             idx = going.nonzero().squeeze(-1)
             cache.batch_select_indices(idx)
-            rows = [rows[i] for i in idx.tolist()]
+            groups = [groups[i] for i in idx.tolist()]
             full, step_ids, step_pos, done = full[idx], step_ids[idx], step_pos[idx], done[idx]
         # A stopped row still in the batch decodes on; its extra tokens are cut below.
     return [_cut(t, p, set(int(s) for s in stop_ids)) for t, p in zip(out, lps)]
+
+
+def _split(
+    groups: list[list[int]], drawn: dict[int, int], done: list[bool]
+) -> tuple[list[list[int]], list[int], list[int]]:
+    """After a step's draws: (the requests of each batch row, the rows to copy for new rows
+    appended in that order, each row's token). A row's requests that drew another token than
+    its first request leave it for a copy of the row, one per token; a stopped row's requests
+    stay together (their tokens past the stop are cut anyway)."""
+    kept: list[list[int]] = []
+    added: list[list[int]] = []
+    copies: list[int] = []
+    row_tok: list[int] = []
+    added_tok: list[int] = []
+    for r, group in enumerate(groups):
+        lead = drawn[group[0]]
+        by_tok: dict[int, list[int]] = {}
+        for b in group:
+            by_tok.setdefault(lead if done[r] else drawn[b], []).append(b)
+        kept.append(by_tok.pop(lead))
+        row_tok.append(lead)
+        for t, bs in by_tok.items():
+            added.append(bs)
+            copies.append(r)
+            added_tok.append(t)
+    return kept + added, copies, row_tok + added_tok
 
 
 def _cut(tokens: list[int], logprobs: list[float], stops: set[int]) -> Decoded:
