@@ -5,7 +5,9 @@ continuation interaction relative to one root interaction, and the wall-clock ra
 training step's rollout phase with continuations to one without, next to the interaction ratio.
 Targets (issues 5 and 14): a continuation interaction costs at most half a root one, the
 wall-clock ratio stays below the interaction ratio, and prefix reuse (``--prefix-reuse``, on
-where the backend has it) lifts generated tokens/s.
+where the backend has it) lifts generated tokens/s. Beside the cost ratio it prints the tokens
+the model computed per interaction (prompt tokens prefilled + tokens generated) of each kind:
+their ratio is what the cost ratio would be at an equal cost per computed token.
 
 Each of ``--reps`` repetitions plays the same episodes (same seeds) with a fresh backend, so the
 prefix cache starts empty as after a weight update, and the medians over repetitions are
@@ -16,7 +18,7 @@ runs against older checkouts too (no ``prefix_reuse`` there: the counters read a
 
     .venv/bin/python benchmarks/rollout.py [--model DIR] [--groups 4] [--k 4] [--reps 3]
         [--game coin] [--history-turns 2] [--no-prefix-reuse] [--no-shared-prefix] [--no-stems]
-        [--overlap] [--cold-slots] [--json]
+        [--no-merge-duplicates] [--overlap] [--cold-slots] [--json]
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ from factor_cli.rollout.runner import RolloutRunner, Start
 
 DEFAULT_MODEL = Path("runs/bench-tiny-1m")
 COUNTERS = ("prompt_tokens", "prefill_tokens", "reused_tokens", "shared_prefix_tokens")
+COMPUTED = (
+    "root_computed_tokens_per_interaction",
+    "continuation_computed_tokens_per_interaction",
+    "computed_tokens_ratio",
+)
 
 
 def _backend(policy: Any, args: argparse.Namespace) -> HFGenerator:
@@ -58,6 +65,10 @@ def _backend(policy: Any, args: argparse.Namespace) -> HFGenerator:
         if "stem_min" not in inspect.signature(HFGenerator).parameters:
             raise SystemExit("this checkout's hf backend prefills no shared stems")
         options["stem_min"] = None
+    if not args.merge_duplicates:
+        if "merge_duplicates" not in inspect.signature(HFGenerator).parameters:
+            raise SystemExit("this checkout's hf backend merges no duplicate requests")
+        options["merge_duplicates"] = False
     return HFGenerator(policy, max_new_tokens=args.max_new_tokens, max_context=1024, **options)
 
 
@@ -87,6 +98,12 @@ def one_rep(policy: Any, pool: EnvPool, args: argparse.Namespace) -> dict[str, A
     cont_tokens = runner.generated_tokens - root_tokens
     counts = _counters(gen)
     return {
+        **_computed_work(
+            {**root_counts, "generated_tokens": root_tokens},
+            {**counts, "generated_tokens": runner.generated_tokens},
+            root_steps,
+            cont.interactions,
+        ),
         "root_trajectories": n_root,
         "continuations": len(cont.episodes),
         "root_interactions": root_steps,
@@ -108,6 +125,21 @@ def one_rep(policy: Any, pool: EnvPool, args: argparse.Namespace) -> dict[str, A
         "interaction_ratio": (root_steps + cont.interactions) / root_steps,
         "wall_clock_ratio": (t_root + t_cont) / t_root,
     }
+
+
+def _computed_work(
+    root: dict[str, Any], total: dict[str, Any], root_steps: int, cont_steps: int
+) -> dict[str, float | None]:
+    """Tokens the model computed (prompt tokens prefilled + tokens generated) per root and per
+    continuation interaction, and their ratio: the continuation / root cost ratio at an equal
+    cost per computed token, which the measured one can undercut only by the continuations'
+    larger batches paying less overhead per token."""
+    if root["prefill_tokens"] is None or total["prefill_tokens"] is None:
+        return dict.fromkeys(COMPUTED)
+    per_root = (root["prefill_tokens"] + root["generated_tokens"]) / max(root_steps, 1)
+    per_cont = sum(total[c] - root[c] for c in ("prefill_tokens", "generated_tokens"))
+    per_cont /= max(cont_steps, 1)
+    return dict(zip(COMPUTED, (per_root, per_cont, per_cont / per_root)))
 
 
 def one_overlapped_rep(policy: Any, pool: EnvPool, args: argparse.Namespace) -> dict[str, Any]:
@@ -183,6 +215,13 @@ def main() -> None:
         action="store_false",
         help="prefill each prompt's own suffix, without first prefilling once what several "
         "prompts of a batch share past the cache (hf.shared_stems)",
+    )
+    ap.add_argument(
+        "--no-merge-duplicates",
+        dest="merge_duplicates",
+        action="store_false",
+        help="decode a row per request, without sharing one row among requests with the same "
+        "prompt while their replies agree (hf.duplicate_rows)",
     )
     ap.add_argument(
         "--overlap",
@@ -261,6 +300,13 @@ def _print(res: dict[str, Any], args: argparse.Namespace) -> None:
         f"cost of a continuation interaction / a root one: {res['cost_per_interaction_ratio']:.2f} "
         "(target <= 0.5)"
     )
+    if res["computed_tokens_ratio"] is not None:
+        print(
+            "tokens computed (prefilled + generated) per interaction: roots "
+            f"{res['root_computed_tokens_per_interaction']:.1f}, continuations "
+            f"{res['continuation_computed_tokens_per_interaction']:.1f}: ratio "
+            f"{res['computed_tokens_ratio']:.2f}, the cost ratio at an equal cost per token"
+        )
     print(
         f"wall-clock ratio {res['wall_clock_ratio']:.2f}x vs interaction ratio "
         f"{res['interaction_ratio']:.2f}x (target: below)"

@@ -6,14 +6,17 @@ serl-repro and factor on the smoke preset (tiny model, TWX coin, CPU).
 
 Each method trains ``--steps`` steps from the same model; the first step is left out (it
 includes one-off costs such as the value-head warm-up) and the medians of the others are
-reported, with the interactions and generated tokens of each step: raw step times are noisy
-because each method's (and each step's) episodes differ, so compare seconds per interaction
-(``s_per_interaction``) and, between methods at equal root work, seconds per root interaction
-(``s_per_root_interaction``). ``--json`` prints the medians and every step's row. Runs against
-older checkouts too (their backend has no prefix-reuse counters: those read as None). With
-``continuations.overlap`` (the default) FACTOR's continuations play inside the rollout phase, so
-its ``rollout`` column covers both and ``continuations`` reads 0; ``--set
-continuations.overlap=false`` times them apart.
+reported, with the interactions, generated tokens and prefilled prompt tokens of each step
+(``prefill_tokens``: those whose KV the backend computed; ``reused_prefill_tokens``: those it
+took from its prefix cache). Raw step times are noisy because each method's (and each step's)
+episodes differ, so compare seconds per interaction (``s_per_interaction``) and, between methods
+at equal root work, seconds per root interaction (``s_per_root_interaction``). ``--json`` prints
+the medians and every step's row. Runs against older checkouts too (their backend has no
+prefix-reuse counters: those read as None). With ``continuations.overlap`` (the default)
+FACTOR's continuations play inside the rollout phase, so its ``rollout`` column covers both and
+``continuations`` reads 0; ``--set continuations.overlap=false`` times them apart. The smoke
+preset has M = 2 continuations per checkpoint; issue 14's FACTOR / SERL target is stated at
+B = 2, M = 4: ``--set continuations.per_checkpoint=4``.
 """
 
 from __future__ import annotations
@@ -30,10 +33,17 @@ from factor_cli.train.run import warm_start
 from factor_cli.train.trainer import Trainer
 
 PHASES = ("rollout", "continuations", "value", "teacher", "update")
+COUNTERS = ("reused_tokens", "prefill_tokens")
+"""The backend's prompt tokens taken from earlier computation, and those whose KV it computed."""
 
 
-def _reused(trainer: Trainer) -> int | None:
-    return getattr(trainer.generator, "reused_tokens", None)
+def _counter(trainer: Trainer, name: str) -> int | None:
+    """A generation counter of the trainer's backend (None where an older checkout lacks it)."""
+    return getattr(trainer.generator, name, None)
+
+
+def _delta(after: int | None, before: int | None) -> int | None:
+    return None if after is None else after - (before or 0)
 
 
 def method_rows(method: str, steps: int, overrides: list[str]) -> list[dict[str, Any]]:
@@ -44,11 +54,12 @@ def method_rows(method: str, steps: int, overrides: list[str]) -> list[dict[str,
     rows = []
     try:
         for _ in range(steps):
-            tokens0, reused0 = trainer.runner.generated_tokens, _reused(trainer)
+            tokens0 = trainer.runner.generated_tokens
+            before = {c: _counter(trainer, c) for c in COUNTERS}
             t0 = time.perf_counter()
             m = trainer.train_step().metrics
             total = time.perf_counter() - t0
-            reused = _reused(trainer)
+            counts = {c: _delta(_counter(trainer, c), before[c]) for c in COUNTERS}
             root, cont = m["root_interactions"], m["continuation_interactions"]
             rows.append(
                 {
@@ -59,7 +70,8 @@ def method_rows(method: str, steps: int, overrides: list[str]) -> list[dict[str,
                     "continuation_interactions": cont,
                     "interactions": root + cont,
                     "generated_tokens": trainer.runner.generated_tokens - tokens0,
-                    "reused_prefill_tokens": None if reused is None else reused - (reused0 or 0),
+                    "reused_prefill_tokens": counts["reused_tokens"],
+                    "prefill_tokens": counts["prefill_tokens"],
                     "s_per_interaction": total / max(root + cont, 1),
                     "s_per_root_interaction": total / max(root, 1),
                     "generation_s_per_interaction": (
