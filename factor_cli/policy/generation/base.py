@@ -107,7 +107,9 @@ def encode_prompts(
     """(token ids, truncated?) of each prompt, middle-out truncated to ``limits.prompt_budget``;
     shared by every backend so they see the same context."""
     budget = limits.prompt_budget
-    return [truncate_middle(tokenizer.encode(p, add_special_tokens=False), budget) for p in prompts]
+    # A batch often repeats a prompt (a group's first turns, a checkpoint's continuations).
+    ids = {p: tokenizer.encode(p, add_special_tokens=False) for p in dict.fromkeys(prompts)}
+    return [truncate_middle(list(ids[p]), budget) for p in prompts]
 
 
 def stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
