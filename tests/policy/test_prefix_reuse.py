@@ -450,10 +450,21 @@ def test_merged_duplicates_decode_once_and_change_no_reply(policy) -> None:
     obs = "Current observation: You are in the {}. There is a door to the north."
     prompts = [f"Task: find the coin.\n\n{obs.format(r)}" for r in ["kitchen"] * 5 + ["hall"] * 3]
     allowed = [["go north", "take coin", "look"]] * 4 + [["go north"]] + [["look", "go east"]] * 3
+    from factor_cli.policy.generation.decode import BufferLayer
+
     on = HFGenerator(policy, max_new_tokens=8, max_context=1024)
     off = HFGenerator(policy, max_new_tokens=8, max_context=1024, merge_duplicates=False)
+    spare: list[bool] = []  # per row copy: were there spare rows for it (no reallocation)?
+    append = BufferLayer.append_rows
+
+    def record(self, src, room):
+        spare.append(self._k.shape[0] >= self.rows + len(src))
+        append(self, src, room)
+
     for greedy, acts in itertools.product((False, True), (allowed, None)):
-        a = on.generate(prompts, greedy=greedy, seeds=list(range(8)), allowed=acts)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(BufferLayer, "append_rows", record)
+            a = on.generate(prompts, greedy=greedy, seeds=list(range(8)), allowed=acts)
         b = off.generate(prompts, greedy=greedy, seeds=list(range(8)), allowed=acts)
         for x, y in zip(a, b):
             assert x.token_ids == y.token_ids and x.allowed_ids == y.allowed_ids
@@ -461,6 +472,7 @@ def test_merged_duplicates_decode_once_and_change_no_reply(policy) -> None:
             assert float(gap) < TOL
         if not greedy and acts is None:
             assert len({tuple(x.token_ids) for x in a[:5]}) > 1  # a shared row split
+    assert spare and all(spare)  # rows were copied, into rows the gathered cache kept spare
     assert on.prompt_tokens == off.prompt_tokens
     assert on.prefill_tokens < off.prefill_tokens
     seen: list[int] = []

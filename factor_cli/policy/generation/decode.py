@@ -52,13 +52,17 @@ class BufferLayer(DynamicLayer):
         keys: torch.Tensor | None = None,
         values: torch.Tensor | None = None,
         length: int = 0,
+        rows: int | None = None,
     ) -> None:
+        """``keys``, ``values`` [R, H_kv, capacity, D]: buffers whose first ``length`` columns
+        are filled, of which the first ``rows`` rows (all by default) are the batch's and the
+        others spare (None: allocated by the first forward, with no spare rows)."""
         super().__init__()
         self.capacity = capacity
         self.length = 0
         self.rows = 0
         if keys is not None and values is not None:
-            self._set(keys, values, length, keys.shape[0])
+            self._set(keys, values, length, keys.shape[0] if rows is None else rows)
 
     def _set(self, keys: torch.Tensor, values: torch.Tensor, length: int, rows: int) -> None:
         if keys.shape[-2] != self.capacity or length > self.capacity:
@@ -131,12 +135,17 @@ def append_rows(cache: DynamicCache, rows: int, src: Sequence[int], room: int) -
 
 
 def buffer_cache(
-    config: Any, capacity: int, kv: torch.Tensor | None = None, length: int = 0
+    config: Any,
+    capacity: int,
+    kv: torch.Tensor | None = None,
+    length: int = 0,
+    rows: int | None = None,
 ) -> DynamicCache:
-    """A cache of :class:`BufferLayer` s of ``capacity`` columns; ``kv`` [N_layers, 2, B, H_kv,
-    capacity, D] holds the first ``length`` columns already (None: empty, allocated by the
-    first forward). A model with other layers (sliding windows) gets its own ``DynamicCache``,
-    which then cannot start filled."""
+    """A cache of :class:`BufferLayer` s of ``capacity`` columns; ``kv`` [N_layers, 2, R, H_kv,
+    capacity, D] holds the first ``length`` columns already, in its first ``rows`` rows (all by
+    default; the others are spare rows for :func:`append_rows`), or None: empty, allocated by
+    the first forward. A model with other layers (sliding windows) gets its own
+    ``DynamicCache``, which then cannot start filled."""
     cache = DynamicCache(config=config)
     if not all(type(layer) is DynamicLayer for layer in cache.layers):
         if kv is not None:
@@ -145,7 +154,7 @@ def buffer_cache(
     if kv is None:
         cache.layers = [BufferLayer(capacity) for _ in cache.layers]
     else:
-        cache.layers = [BufferLayer(capacity, k, v, length) for k, v in kv]
+        cache.layers = [BufferLayer(capacity, k, v, length, rows) for k, v in kv]
     return cache
 
 

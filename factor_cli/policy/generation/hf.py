@@ -261,16 +261,22 @@ class HFGenerator(TokenizedBackend):
         return Sampling(float(temperature), greedy, draw)
 
     def _inputs(
-        self, prompts: list[list[int]], device: torch.device, keep: Sequence[bool] | None = None
+        self,
+        prompts: list[list[int]],
+        device: torch.device,
+        keep: Sequence[bool] | None = None,
+        room: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor, DynamicCache, torch.Tensor | None]:
         """(ids, mask) [B, W] on ``device``, the KV cache decoding starts from (every row's
         stored prefix under prefix reuse, a shared prefill when prompts repeat, else empty), and
         the KV [N_layers, 2, 1, H_kv, P, D] of a prefix of P tokens shared by every row, held
         once and left out of ids, mask and cache (:meth:`_shared_length`), or None.
-        ``keep[i]`` False: row i's new prefix KV are stored transient."""
+        ``keep[i]`` False: row i's new prefix KV are stored transient. ``room``: rows the
+        decode may grow to (copies of rows, :func:`.decode.append_rows`), kept spare in a
+        filled cache."""
         self.prompt_tokens += sum(len(p) for p in prompts)
         if self.prefix_reuse:
-            return self._reused_inputs(prompts, device, keep)
+            return self._reused_inputs(prompts, device, keep, room)
         distinct: dict[tuple[int, ...], int] = {}
         rows = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompts])
         if len(distinct) < len(prompts) and min(len(p) for p in prompts) > 1:
@@ -287,7 +293,11 @@ class HFGenerator(TokenizedBackend):
 
     # -- prefix reuse (module docstring) ----------------------------------------------------
     def _reused_inputs(
-        self, prompts: list[list[int]], device: torch.device, keep: Sequence[bool] | None = None
+        self,
+        prompts: list[list[int]],
+        device: torch.device,
+        keep: Sequence[bool] | None = None,
+        room: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor, DynamicCache, torch.Tensor | None]:
         """Pass 1 (prefill what is not stored) and the cache of pass 2 (every row's x[:-1],
         less a prefix shared by all rows, which is returned apart)."""
@@ -319,7 +329,7 @@ class HFGenerator(TokenizedBackend):
         pads = [width - (len(h) - n_shared) for h in heads]
         capacity = self._decode_capacity(ids.shape[1])
         matches = [stored[h] for h in heads]
-        cache = self._stored_cache(matches, pads, width, device, capacity, n_shared)
+        cache = self._stored_cache(matches, pads, width, device, capacity, n_shared, room)
         self.prefix_cache.evict()  # after the gather: this batch's prefixes were needed until now
         return ids.to(device), mask.to(device), cache, shared
 
@@ -405,14 +415,16 @@ class HFGenerator(TokenizedBackend):
         device: torch.device,
         capacity: int,
         start: int = 0,
+        room: int = 0,
     ) -> DynamicCache:
         """A buffer cache of ``capacity`` columns whose first ``width`` are filled: row b holds
         the stored tokens [start, start + width - pads[b]) of ``matches[b]`` in columns
-        [pads[b], width) (none when that is <= 0), zeros (masked padding) before them."""
+        [pads[b], width) (none when that is <= 0), zeros (masked padding) before them; spare
+        rows up to ``room``."""
         if width <= 0:
             return buffer_cache(self.model.config, capacity)
-        past = self._gather_rows(matches, pads, width, device, capacity, start)
-        return buffer_cache(self.model.config, capacity, past, width)
+        past = self._gather_rows(matches, pads, width, device, capacity, start, room=room)
+        return buffer_cache(self.model.config, capacity, past, width, len(matches))
 
     def _prefix_kv(self, match: Match, n: int, device: torch.device) -> torch.Tensor:
         """KV [N_layers, 2, 1, H_kv, n, D] of the first ``n`` tokens of ``match``: a prefix that
@@ -428,12 +440,14 @@ class HFGenerator(TokenizedBackend):
         capacity: int,
         start: int,
         scratch: str = "rows",
+        room: int = 0,
     ) -> torch.Tensor:
-        """KV [N_layers, 2, B, H_kv, capacity, D] laid out as :meth:`_stored_cache` says; on a
-        CPU a view of the scratch block ``scratch``, valid until that block's next use."""
+        """KV [N_layers, 2, max(B, room), H_kv, capacity, D], its first B rows laid out as
+        :meth:`_stored_cache` says (the rest unset); on a CPU a view of the scratch block
+        ``scratch``, valid until that block's next use."""
         like = next(node.kv for m in matches for node, _ in m.pieces)
         n_layers, _, heads, _, dim = like.shape
-        shape = (n_layers, 2, len(matches), heads, capacity, dim)
+        shape = (n_layers, 2, max(len(matches), room), heads, capacity, dim)
         if device.type == "cpu":
             past = self._scratch.take(scratch, shape, like.dtype, device)
         else:  # CUDA's caching allocator reuses its blocks already
@@ -574,6 +588,7 @@ class HFGenerator(TokenizedBackend):
             [encoded[i][0] for i in lead],
             device,
             [any(keep[i] for i in m) for m in members] if members else keep,
+            len(encoded) if members else 0,
         )
         if members:  # a merged request's prompt tokens count as reused
             self.prompt_tokens += sum(len(encoded[i][0]) for m in members for i in m[1:])
