@@ -254,24 +254,12 @@ def decode(
             use_cache=True,
             logits_to_keep=1,
         ).logits[:, -1, :]
-        raw = logits.float()
-        rows = [b for g in groups for b in g]  # the requests, in batch row order
-        if len(rows) > len(groups):
-            src = [r for r, g in enumerate(groups) for _ in g]
-            raw = raw.index_select(0, torch.tensor(src, device=device))
-        keep = _trie_keep(tries, rows, out, raw.shape[-1])
-        off = None if keep is None else ~keep.to(device)  # one transfer, both masks
-        z = raw if off is None else raw.masked_fill(off, float("-inf"))
-        tok = sampling.pick(z, rows)
-        scaled = raw / sampling.scale
-        if off is not None:
-            scaled = scaled.masked_fill(off, MASKED_LOGIT)
-        lp = torch.log_softmax(scaled, -1).gather(-1, tok[:, None]).squeeze(-1)
-        drawn = tok.tolist()
-        for b, t, p in zip(rows, drawn, lp.tolist()):
+        drawn = _draw(logits.float(), groups, tries, out, sampling)
+        for b, (t, p) in drawn.items():
             out[b].append(t)
             lps[b].append(p)
-        groups, copies, row_tok = _split(groups, dict(zip(rows, drawn)), done.tolist())
+        tokens = {b: t for b, (t, _) in drawn.items()}
+        groups, copies, row_tok = _split(groups, tokens, done.tolist())
         step_tok = torch.tensor(row_tok, device=device)
         if copies:
             append_rows(cache, len(done), copies, len(out))
@@ -290,6 +278,31 @@ def decode(
             full, step_ids, step_pos, done = full[idx], step_ids[idx], step_pos[idx], done[idx]
         # A stopped row still in the batch decodes on; its extra tokens are cut below.
     return [_cut(t, p, set(int(s) for s in stop_ids)) for t, p in zip(out, lps)]
+
+
+def _draw(
+    raw: torch.Tensor,
+    groups: list[list[int]],
+    tries: Sequence[TokenTrie | None],
+    out: list[list[int]],
+    sampling: Sampling,
+) -> dict[int, tuple[int, float]]:
+    """Each request's token and its log pi(y_j) = z_j[y_j] / T - logsumexp_{v in C_j} z_j[v] / T
+    from the logits ``raw`` [R, V] of its batch row (``groups[r]``: row r's requests), its
+    allowed set C_j after ``out[b]`` and its own stream."""
+    rows = [b for g in groups for b in g]  # the requests, in batch row order
+    if len(rows) > len(groups):
+        src = [r for r, g in enumerate(groups) for _ in g]
+        raw = raw.index_select(0, torch.tensor(src, device=raw.device))
+    keep = _trie_keep(tries, rows, out, raw.shape[-1])
+    off = None if keep is None else ~keep.to(raw.device)  # one transfer, both masks
+    z = raw if off is None else raw.masked_fill(off, float("-inf"))
+    tok = sampling.pick(z, rows)
+    scaled = raw / sampling.scale
+    if off is not None:
+        scaled = scaled.masked_fill(off, MASKED_LOGIT)
+    lp = torch.log_softmax(scaled, -1).gather(-1, tok[:, None]).squeeze(-1)
+    return dict(zip(rows, zip(tok.tolist(), lp.tolist())))
 
 
 def _split(
