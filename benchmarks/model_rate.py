@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
-from typing import Any
 
 import torch
+from credit import timed  # benchmarks/credit.py: median of timed calls after warm-up ones
 
 from factor_cli.policy.generation.decode import buffer_cache
 from factor_cli.policy.model import init_tiny, load_policy
@@ -29,22 +27,11 @@ PREFILL_SHAPES = ((1, 64), (8, 64), (16, 64), (32, 64), (4, 128), (8, 128), (16,
 DECODE_SHAPES = ((1, 300), (8, 300), (32, 300), (8, 550), (32, 550), (64, 550))
 
 
-def _seconds(fn: Any, reps: int) -> float:
-    """Median wall time of ``fn`` over ``reps`` calls, after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 @torch.no_grad()
 def prefill_rate(model: torch.nn.Module, b: int, length: int, reps: int) -> float:
     """Microseconds per token of one forward over [b, length] tokens."""
     ids = torch.randint(3, model.config.vocab_size, (b, length))
-    dt = _seconds(lambda: model(input_ids=ids, logits_to_keep=1, use_cache=False), reps)
+    dt = timed(lambda: model(input_ids=ids, logits_to_keep=1, use_cache=False), reps)
     return dt / (b * length) * 1e6
 
 
@@ -62,7 +49,7 @@ def decode_rate(model: torch.nn.Module, b: int, columns: int, reps: int) -> floa
             layer.length = columns
         model(input_ids=step, past_key_values=cache, use_cache=True, logits_to_keep=1)
 
-    return _seconds(one, reps) / b * 1e6
+    return timed(one, reps) / b * 1e6
 
 
 def main() -> None:

@@ -297,7 +297,7 @@ def test_a_shared_row_splits_where_its_requests_draw_apart(model) -> None:
 
 def test_split_keeps_the_first_requests_token_and_copies_the_rest_in_order() -> None:
     groups = [[0, 3, 4], [1, 2], [5, 6]]
-    drawn = {0: 7, 3: 8, 4: 7, 1: 9, 2: 9, 5: 1, 6: 2}
+    drawn = {b: (t, -1.0) for b, t in {0: 7, 3: 8, 4: 7, 1: 9, 2: 9, 5: 1, 6: 2}.items()}
     kept, copies, tokens = decode_module._split(groups, drawn, [False, False, True])
     # Row 0 keeps requests 0 and 4 (token 7) and request 3 leaves for a copy of row 0 (token
     # 8); row 1 agrees; row 2 had stopped, so its requests stay together on its first token.

@@ -258,8 +258,7 @@ def decode(
         for b, (t, p) in drawn.items():
             out[b].append(t)
             lps[b].append(p)
-        tokens = {b: t for b, (t, _) in drawn.items()}
-        groups, copies, row_tok = _split(groups, tokens, done.tolist())
+        groups, copies, row_tok = _split(groups, drawn, done.tolist())
         step_tok = torch.tensor(row_tok, device=device)
         if copies:
             append_rows(cache, len(done), copies, len(out))
@@ -306,24 +305,25 @@ def _draw(
 
 
 def _split(
-    groups: list[list[int]], drawn: dict[int, int], done: list[bool]
+    groups: list[list[int]], drawn: dict[int, tuple[int, float]], done: list[bool]
 ) -> tuple[list[list[int]], list[int], list[int]]:
-    """After a step's draws: (the requests of each batch row, the rows to copy for new rows
-    appended in that order, each row's token). A row's requests that drew another token than
-    its first request leave it for a copy of the row, one per token; a stopped row's requests
-    stay together (their tokens past the stop are cut anyway)."""
+    """After a step's draws ((token, log-prob) per request): (the requests of each batch row,
+    the rows to copy for new rows appended in that order, each row's token). A row's requests
+    that drew another token than its first request leave it for a copy of the row, one per
+    token; a stopped row's requests stay together (their tokens past the stop are cut)."""
+    row_tok = [drawn[g[0]][0] for g in groups]
+    if all(len(g) == 1 for g in groups):  # a row per request: nothing to split
+        return groups, [], row_tok
     kept: list[list[int]] = []
     added: list[list[int]] = []
     copies: list[int] = []
-    row_tok: list[int] = []
     added_tok: list[int] = []
     for r, group in enumerate(groups):
-        lead = drawn[group[0]]
+        lead = row_tok[r]
         by_tok: dict[int, list[int]] = {}
         for b in group:
-            by_tok.setdefault(lead if done[r] else drawn[b], []).append(b)
+            by_tok.setdefault(lead if done[r] else drawn[b][0], []).append(b)
         kept.append(by_tok.pop(lead))
-        row_tok.append(lead)
         for t, bs in by_tok.items():
             added.append(bs)
             copies.append(r)
