@@ -89,7 +89,30 @@ def _sampling(kind: str, n: int, seed: int) -> Sampling:
         return Sampling(1.0, True)
     temperature = 0.7 if kind == "seeded-0.7" else 1.0
     sampler = RowSeededSampler([seed * 100 + i for i in range(n)], temperature, torch.device("cpu"))
-    return Sampling(temperature, False, sampler.draw)
+    return Sampling(temperature, False, sampler.draw, sampler.skip)
+
+
+def _forwards(replies: list[list[int]], tries: list[TokenTrie | None], skip: bool) -> int:
+    """The forwards :func:`decode` needs for these replies: one per token of the longest
+    without ``skip``. With it, none for tokens forced (|C_j| = 1) at the start of every reply
+    (h of them, fewer than MAX_NEW) or after a reply's last choice: request b needs the
+    forwards that give the logits of positions h .. p_b, its last position with a choice (the
+    last of a free reply); replies forced from the start need none."""
+    if not skip:
+        return max(len(r) for r in replies)
+    last: list[int] = []
+    heads: list[int] = []
+    for toks, trie in zip(replies, tries):
+        sets = [[0, 1]] * len(toks) if trie is None else trie.allowed_along(toks)
+        choices = [j for j, c in enumerate(sets) if len(c) > 1]
+        if trie is not None and not choices and len(trie.forced([])[0]) >= len(toks):
+            continue  # forced from the start
+        last.append(choices[-1] if choices else len(toks) - 1)
+        heads.append(len(trie.forced([])[0]) if trie is not None else 0)
+    if not last:
+        return 0
+    h = min(*heads, MAX_NEW - 1)
+    return max(p - h + 1 for p in last)
 
 
 @settings(max_examples=12, deadline=None)
@@ -99,10 +122,12 @@ def _sampling(kind: str, n: int, seed: int) -> Sampling:
     kind=st.sampled_from(["greedy", "seeded-1", "seeded-0.7"]),
     constrained=st.booleans(),
     compact=st.sampled_from([0.0, 0.75, 1.0]),
+    skip=st.booleans(),
 )
 def test_decode_equals_each_row_decoded_alone_without_a_cache(
-    model, seed, n, kind, constrained, compact
+    model, seed, n, kind, constrained, compact, skip
 ) -> None:
+    """With ``skip_forced`` too: forced tokens skip the model and change no reply."""
     prompts = _prompts(seed, n)
     tries = _tries(seed, n) if constrained else [None] * n
     ids, mask = _left_pad(prompts)
@@ -113,13 +138,16 @@ def test_decode_equals_each_row_decoded_alone_without_a_cache(
     hook = model.register_forward_hook(lambda *_: calls.append(1))
     try:
         with torch.no_grad():
-            got = decode(model, ids, mask, cache, MAX_NEW, [STOP], _sampling(kind, n, seed), tries)
+            sampling = _sampling(kind, n, seed)
+            got = decode(
+                model, ids, mask, cache, MAX_NEW, [STOP], sampling, tries, skip_forced=skip
+            )
     finally:
         decode_module.COMPACT_BELOW = old
         hook.remove()
     # One forward per step, and no step after the last row stopped (a stopped row that stays
-    # in the batch must not count as decoding again).
-    assert len(calls) == max(len(r.tokens) for r in got)
+    # in the batch must not count as decoding again); none for forced tokens with ``skip``.
+    assert len(calls) == _forwards([r.tokens for r in got], tries, skip)
     oracle_sampling = _sampling(kind, n, seed)  # fresh streams: each row's draws start over
     for row, (prompt, trie, reply) in enumerate(zip(prompts, tries, got)):
         toks, lps = _oracle(model, prompt, oracle_sampling, row, trie)
@@ -129,6 +157,63 @@ def test_decode_equals_each_row_decoded_alone_without_a_cache(
         )
         if trie is not None:
             assert toks in trie.sequences or len(toks) == MAX_NEW
+
+
+@pytest.mark.parametrize("kind", ["greedy", "seeded-1", "seeded-0.7"])
+def test_forced_tokens_skip_the_model_and_change_no_reply(model, kind: str) -> None:
+    """Replies that all start with the forced token 9 and are forced to their stop after one
+    choice take one forward for the whole batch; a reply with a longer forced start decodes
+    the rest of it, and a reply forced from the start takes none. Each reply is the oracle's
+    (the streams skip the forced start's draws), forced positions with log-prob exactly 0."""
+    branchy = TokenTrie([[9, 3, 4, STOP], [9, 5, STOP], [9, 6, 7, 8, STOP]])
+    tries: list[TokenTrie | None] = [
+        branchy,
+        branchy,
+        TokenTrie([[9, 10, STOP], [9, 11, 12, STOP]]),
+        TokenTrie([[9, 2, 3, STOP], [9, 2, 4, 5, STOP]]),  # forced start [9, 2]: h = 1 here
+        TokenTrie([[9, 13, 14, STOP]]),  # forced from the start
+    ]
+    prompts = _prompts(31, len(tries))
+    ids, mask = _left_pad(prompts)
+    calls: list[int] = []
+    hook = model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        with torch.no_grad():
+            got = decode(
+                model,
+                ids,
+                mask,
+                buffer_cache(model.config, ids.shape[1] + MAX_NEW - 1),
+                MAX_NEW,
+                [STOP],
+                _sampling(kind, len(tries), 5),
+                tries,
+                skip_forced=True,
+            )
+    finally:
+        hook.remove()
+    assert len(calls) == 2  # row 3's second token was forced but not skipped: a choice follows
+    oracle_sampling = _sampling(kind, len(tries), 5)
+    for row, (prompt, trie, reply) in enumerate(zip(prompts, tries, got)):
+        toks, lps = _oracle(model, prompt, oracle_sampling, row, trie)
+        assert reply.tokens == toks
+        torch.testing.assert_close(
+            torch.tensor(reply.logprobs), torch.tensor(lps), atol=1e-5, rtol=0
+        )
+        forced = [j for j, c in enumerate(trie.allowed_along(toks)) if len(c) == 1]
+        assert all(reply.logprobs[j] == 0.0 for j in forced)
+    assert got[4].tokens == [9, 13, 14, STOP]
+
+
+def test_trie_forced_tokens() -> None:
+    trie = TokenTrie([[9, 3, 4, STOP], [9, 5, STOP], [8, 2, STOP]])
+    assert trie.forced([]) == ([], False)  # a choice at once
+    assert trie.forced([9]) == ([], False)
+    assert trie.forced([9, 3]) == ([4, STOP], True)
+    assert trie.forced([8]) == ([2, STOP], True)
+    assert trie.forced([9, 5, STOP]) == ([], True)  # complete already
+    assert trie.forced([7]) == ([], False)  # left the trie
+    assert TokenTrie([[9, 2, 3, STOP], [9, 2, 4, STOP]]).forced([]) == ([9, 2], False)
 
 
 def test_decode_from_a_filled_cache_equals_decode_from_scratch(model) -> None:
@@ -233,15 +318,16 @@ def test_decoding_ends_when_the_last_row_stops(monkeypatch: pytest.MonkeyPatch) 
     constrained=st.booleans(),
     compact=st.sampled_from([0.0, 0.75, 1.0]),
     buffered=st.booleans(),
+    skip=st.booleans(),
 )
 def test_requests_sharing_a_row_get_the_replies_each_gets_alone(
-    model, seed, owners, kind, constrained, compact, buffered
+    model, seed, owners, kind, constrained, compact, buffered, skip
 ) -> None:
     """``members``: request i decodes on the row of prompt ``owners[i]`` with every other
     request of that prompt, from its own stream and under its own allowed replies; each reply
     equals the cache-free oracle of the request alone, however the draws split the rows
     (copies appended to the buffers, or reselected on a plain ``DynamicCache``) and whatever
-    compaction does."""
+    compaction does; with ``skip_forced``, whichever requests leave their rows early."""
     from transformers import DynamicCache
 
     distinct = sorted(set(owners))
@@ -265,6 +351,7 @@ def test_requests_sharing_a_row_get_the_replies_each_gets_alone(
                 _sampling(kind, n, seed),
                 tries,
                 members=members,
+                skip_forced=skip,
             )
     finally:
         decode_module.COMPACT_BELOW = old
@@ -296,14 +383,14 @@ def test_a_shared_row_splits_where_its_requests_draw_apart(model) -> None:
 
 
 def test_split_keeps_the_first_requests_token_and_copies_the_rest_in_order() -> None:
-    groups = [[0, 3, 4], [1, 2], [5, 6]]
+    groups = [[0, 3, 4], [1, 2], [], [5, 6]]
     drawn = {b: (t, -1.0) for b, t in {0: 7, 3: 8, 4: 7, 1: 9, 2: 9, 5: 1, 6: 2}.items()}
-    kept, copies, tokens = decode_module._split(groups, drawn, [False, False, True])
+    kept, copies, tokens = decode_module._split(groups, drawn, STOP)
     # Row 0 keeps requests 0 and 4 (token 7) and request 3 leaves for a copy of row 0 (token
-    # 8); row 1 agrees; row 2 had stopped, so its requests stay together on its first token.
-    assert kept == [[0, 4], [1, 2], [5, 6], [3]]
-    assert copies == [0]
-    assert tokens == [7, 9, 1, 8]
+    # 8); row 1 agrees; row 2 has no requests left (idle token); row 3 splits as row 0 did.
+    assert kept == [[0, 4], [1, 2], [], [5], [3], [6]]
+    assert copies == [0, 3]
+    assert tokens == [7, 9, STOP, 1, 8, 2]
 
 
 def test_buffer_rows_are_appended_as_copies_and_grow_once(model) -> None:

@@ -290,6 +290,35 @@ def test_reuse_with_valid_action_decoding(policy) -> None:
     assert on.reused_tokens / on.prompt_tokens > 0.6
 
 
+def _forwards_of(gen: HFGenerator, greedy: bool) -> tuple[list[Episode], list[Episode], int]:
+    """:func:`_play` under valid-action decoding, and the model forwards it ran."""
+    calls: list[int] = []
+    hook = gen.model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        roots, conts = _play(gen, WINDOW, greedy=greedy, constrain=True)
+    finally:
+        hook.remove()
+    return roots, conts, len(calls)
+
+
+@needs_twx
+@pytest.mark.parametrize("greedy", [False, True], ids=["sampled", "greedy"])
+def test_forced_tokens_skip_the_model_and_change_no_trajectory(policy, greedy: bool) -> None:
+    """Valid-action decoding with forced tokens skipping the model (the default) against a
+    forward per token: the same roots and continuations, log-probs within 1e-5, forced
+    positions scored exactly 0, and fewer forwards."""
+    on = HFGenerator(policy, max_new_tokens=16, max_context=1024)
+    off = HFGenerator(policy, max_new_tokens=16, max_context=1024, skip_forced=False)
+    roots_on, conts_on, calls_on = _forwards_of(on, greedy)
+    roots_off, conts_off, calls_off = _forwards_of(off, greedy)
+    assert _assert_same(roots_on, roots_off) >= 12
+    assert _assert_same(conts_on, conts_off) >= 8
+    turns = [t for e in roots_on + conts_on for t in e.turns]
+    forced = [lp for t in turns for lp, c in zip(t.logprobs, t.allowed_ids) if len(c) == 1]
+    assert len(forced) > len(turns) and all(lp == 0.0 for lp in forced)  # the tags at least
+    assert calls_on < 0.8 * calls_off
+
+
 @needs_twx
 def test_a_small_cap_evicts_and_changes_nothing(policy) -> None:
     cap = 600  # about two prompts: far less than one turn's batch of six

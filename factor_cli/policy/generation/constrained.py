@@ -84,6 +84,17 @@ class TokenTrie:
         node = self.node(prefix)
         return sorted(node) if node else None
 
+    def forced(self, prefix: Sequence[int]) -> tuple[list[int], bool]:
+        """The tokens forced after ``prefix`` (each position's C_j a single token), and whether
+        they complete the reply (reach a leaf: the last one is a stop token). ([], False) when
+        the prefix left the trie."""
+        node = self.node(prefix)
+        toks: list[int] = []
+        while node is not None and len(node) == 1:
+            ((tok, node),) = node.items()
+            toks.append(tok)
+        return toks, node is not None and not node
+
     def allowed_along(self, tokens: Sequence[int]) -> list[list[int]]:
         """C_j at every position j of a reply generated under the trie, [len(tokens)] lists.
 

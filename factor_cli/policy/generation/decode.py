@@ -161,11 +161,13 @@ def buffer_cache(
 @dataclass
 class Sampling:
     """How each step's token is chosen: greedy, the rows' own Gumbel streams (``draw`` over the
-    active rows' generators), or torch's global multinomial; scores at T (1 for greedy)."""
+    active rows' generators; ``skip`` advances streams past positions drawn without a call),
+    or torch's global multinomial; scores at T (1 for greedy)."""
 
     temperature: float
     greedy: bool
     draw: Callable[[torch.Tensor, Sequence[int]], torch.Tensor] | None = None
+    skip: Callable[[Sequence[int], int], None] | None = None
 
     def pick(self, z: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
         """Token per row from raw (masked) logits ``z`` [A, V] of the active ``rows``."""
@@ -179,6 +181,20 @@ class Sampling:
     @property
     def scale(self) -> float:
         return 1.0 if self.greedy else float(self.temperature)
+
+    @property
+    def per_request(self) -> bool:
+        """Whether a request's draws depend on its own logits and stream alone, whichever other
+        requests draw (greedy, or streams that can skip): forced tokens may then skip the
+        model (:func:`decode`'s ``skip_forced``)."""
+        return self.greedy or (self.draw is not None and self.skip is not None)
+
+    def advance(self, rows: Sequence[int], n: int) -> None:
+        """The streams of ``rows`` past ``n`` positions whose tokens were forced."""
+        if not self.greedy and n > 0 and rows:
+            if self.skip is None:
+                raise ValueError("these draws cannot skip positions (no per-request streams)")
+            self.skip(rows, n)
 
 
 @dataclass
@@ -218,6 +234,7 @@ def decode(
     tries: Sequence[TokenTrie | None],
     first_position: int = 0,
     members: Sequence[Sequence[int]] | None = None,
+    skip_forced: bool = False,
 ) -> list[Decoded]:
     """Replies to the left-padded prompts ``ids`` [B, W] (``mask`` [B, W]) whose first
     ``cache.get_seq_length()`` columns are in ``cache`` already (a :func:`buffer_cache` of at
@@ -232,20 +249,45 @@ def decode(
     A row's requests draw their own tokens (``sampling``'s per-request streams) from the
     row's logits, which are theirs exactly while their replies agree; where the draws of a
     row's requests differ, the row is copied, its KV with it, once per further token, so each
-    row always holds one sequence (:func:`_split`)."""
+    row always holds one sequence (:func:`_split`).
+
+    ``skip_forced`` (with ``sampling.per_request``): a token forced by a request's trie
+    (|C_j| = 1) is written without the model where nothing reads its logits. It has log
+    pi^C = 0 and is drawn whatever the logits, so the replies do not change:
+
+    - the forced start every row's requests share (the ``<action>`` tag), as many tokens for
+      every row, enters the first forward with the prompt, and each request's stream skips
+      those positions' draws;
+    - a request whose remaining reply is forced through its stop token (the rest of the only
+      admissible action with its prefix, and the closing tag) is written at once and leaves
+      its row; a row whose requests all left is done.
+    """
     device = ids.device
     n, width = ids.shape
     groups = [[b] for b in range(n)] if members is None else [list(m) for m in members]
-    stops = torch.tensor(sorted(set(int(s) for s in stop_ids)), device=device)
+    stop_set = set(int(s) for s in stop_ids)
+    out: list[list[int]] = [[] for _ in range(sum(len(g) for g in groups))]
+    lps: list[list[float]] = [[] for _ in out]
+    skip = skip_forced and sampling.per_request
+    groups = _retire(groups, tries, out, lps, stop_set, max_new_tokens, skip)
+    head = _forced_head(groups, tries, max_new_tokens) if skip else []
+    h = len(head[0]) if head else 0
     full = torch.zeros((n, width + max_new_tokens), dtype=mask.dtype, device=device)
     full[:, :width] = mask
     pos = (mask.cumsum(-1) - 1).clamp_min(0) + first_position
-    done = torch.zeros(n, dtype=torch.bool, device=device)  # per batch row: a stop was drawn
-    out: list[list[int]] = [[] for _ in range(sum(len(g) for g in groups))]
-    lps: list[list[float]] = [[] for _ in out]
     start = cache.get_seq_length()
     step_ids, step_pos, cols = ids[:, start:], pos[:, start:], width
-    for j in range(max_new_tokens):
+    if h:
+        for g, toks in zip(groups, head):
+            for b in g:
+                out[b] += toks
+                lps[b] += [0.0] * h
+        sampling.advance([b for g in groups for b in g], h)
+        step_ids = torch.cat([step_ids, torch.tensor(head, device=device)], 1)
+        step_pos = torch.cat([step_pos, pos[:, -1:] + torch.arange(1, h + 1, device=device)], 1)
+        full[:, width : width + h] = 1
+        cols += h
+    while any(groups):
         logits = model(
             input_ids=step_ids,
             attention_mask=full[:, :cols],
@@ -258,25 +300,85 @@ def decode(
         for b, (t, p) in drawn.items():
             out[b].append(t)
             lps[b].append(p)
-        groups, copies, row_tok = _split(groups, drawn, done.tolist())
-        step_tok = torch.tensor(row_tok, device=device)
+        groups, copies, row_tok = _split(groups, drawn, int(stop_ids[0]))
         if copies:
-            append_rows(cache, len(done), copies, len(out))
-            idx = torch.tensor([*range(len(done)), *copies], device=device)
-            full, step_pos, done = full[idx], step_pos[idx], done[idx]
-        done |= torch.isin(step_tok, stops)
-        going = ~done
-        if j + 1 == max_new_tokens or not bool(going.any()):
+            append_rows(cache, len(step_pos), copies, len(out))
+            idx = torch.tensor([*range(len(step_pos)), *copies], device=device)
+            full, step_pos = full[idx], step_pos[idx]
+        groups = _retire(groups, tries, out, lps, stop_set, max_new_tokens, skip)
+        going = [r for r, g in enumerate(groups) if g]
+        if not going:
             break
         full[:, cols] = 1
-        step_ids, step_pos, cols = step_tok[:, None], step_pos[:, -1:] + 1, cols + 1
-        if int(going.sum()) <= COMPACT_BELOW * len(groups):
-            idx = going.nonzero().squeeze(-1)
+        step_ids = torch.tensor(row_tok, device=device)[:, None]
+        step_pos, cols = step_pos[:, -1:] + 1, cols + 1
+        if len(going) <= COMPACT_BELOW * len(groups):
+            idx = torch.tensor(going, device=device)
             cache.batch_select_indices(idx)
-            groups = [groups[i] for i in idx.tolist()]
-            full, step_ids, step_pos, done = full[idx], step_ids[idx], step_pos[idx], done[idx]
-        # A stopped row still in the batch decodes on; its extra tokens are cut below.
-    return [_cut(t, p, set(int(s) for s in stop_ids)) for t, p in zip(out, lps)]
+            groups = [groups[i] for i in going]
+            full, step_ids, step_pos = full[idx], step_ids[idx], step_pos[idx]
+        # A row whose requests all left stays in the batch until compaction: its tokens are
+        # computed and read by no one.
+    return [Decoded(t, p) for t, p in zip(out, lps)]
+
+
+def _retire(
+    groups: list[list[int]],
+    tries: Sequence[TokenTrie | None],
+    out: list[list[int]],
+    lps: list[list[float]],
+    stops: set[int],
+    limit: int,
+    skip_forced: bool,
+) -> list[list[int]]:
+    """The requests of each row still replying: a request leaves when its last token is a stop
+    or it has ``limit`` tokens; with ``skip_forced`` also when its trie forces the rest of its
+    reply through a stop token, which is written at once (log-prob 0, at most ``limit``
+    tokens in all)."""
+    kept: list[list[int]] = []
+    for group in groups:
+        live = []
+        for b in group:
+            if out[b] and out[b][-1] in stops:
+                continue
+            trie = tries[b]
+            if skip_forced and trie is not None:
+                tail, complete = trie.forced(out[b])
+                if complete:
+                    tail = tail[: limit - len(out[b])]
+                    out[b] += tail
+                    lps[b] += [0.0] * len(tail)
+                    continue
+            if len(out[b]) < limit:
+                live.append(b)
+        kept.append(live)
+    return kept
+
+
+def _forced_head(
+    groups: list[list[int]], tries: Sequence[TokenTrie | None], limit: int
+) -> list[list[int]]:
+    """Per row, the first h tokens of its requests' replies when their tries force them, with
+    the largest h (< ``limit``) that every row's requests share ([] when h = 0; a row without
+    requests gets its neighbour's, as it is read by no one)."""
+    heads: list[list[int] | None] = []
+    for group in groups:
+        common: list[int] | None = None
+        for b in group:
+            trie = tries[b]
+            toks = [] if trie is None else trie.forced([])[0]
+            common = toks if common is None else common[: _common_length(common, toks)]
+        heads.append(common)
+    some = [x for x in heads if x is not None]
+    h = min([len(x) for x in some] + [limit - 1]) if some else 0
+    if h <= 0:
+        return []
+    return [(x if x is not None else some[0])[:h] for x in heads]
+
+
+def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of ``a`` and ``b``."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def _draw(
@@ -287,10 +389,11 @@ def _draw(
     sampling: Sampling,
 ) -> dict[int, tuple[int, float]]:
     """Each request's token and its log pi(y_j) = z_j[y_j] / T - logsumexp_{v in C_j} z_j[v] / T
-    from the logits ``raw`` [R, V] of its batch row (``groups[r]``: row r's requests), its
-    allowed set C_j after ``out[b]`` and its own stream."""
+    from the logits ``raw`` [R, V] of its batch row (``groups[r]``: row r's requests, none
+    for a row whose requests all left), its allowed set C_j after ``out[b]`` and its own
+    stream."""
     rows = [b for g in groups for b in g]  # the requests, in batch row order
-    if len(rows) > len(groups):
+    if any(len(g) != 1 for g in groups):
         src = [r for r, g in enumerate(groups) for _ in g]
         raw = raw.index_select(0, torch.tensor(src, device=raw.device))
     keep = _trie_keep(tries, rows, out, raw.shape[-1])
@@ -305,33 +408,26 @@ def _draw(
 
 
 def _split(
-    groups: list[list[int]], drawn: dict[int, tuple[int, float]], done: list[bool]
+    groups: list[list[int]], drawn: dict[int, tuple[int, float]], idle: int
 ) -> tuple[list[list[int]], list[int], list[int]]:
     """After a step's draws ((token, log-prob) per request): (the requests of each batch row,
-    the rows to copy for new rows appended in that order, each row's token). A row's requests
-    that drew another token than its first request leave it for a copy of the row, one per
-    token; a stopped row's requests stay together (their tokens past the stop are cut)."""
-    row_tok = [drawn[g[0]][0] for g in groups]
-    if all(len(g) == 1 for g in groups):  # a row per request: nothing to split
+    the rows to copy for new rows appended in that order, each row's token: its first
+    request's, ``idle`` for a row without requests). A row's requests that drew another token
+    than its first request leave it for a copy of the row, one per token."""
+    row_tok = [drawn[g[0]][0] if g else idle for g in groups]
+    if all(len(g) <= 1 for g in groups):  # at most a request per row: nothing to split
         return groups, [], row_tok
     kept: list[list[int]] = []
     added: list[list[int]] = []
     copies: list[int] = []
     added_tok: list[int] = []
     for r, group in enumerate(groups):
-        lead = row_tok[r]
         by_tok: dict[int, list[int]] = {}
         for b in group:
-            by_tok.setdefault(lead if done[r] else drawn[b][0], []).append(b)
-        kept.append(by_tok.pop(lead))
+            by_tok.setdefault(drawn[b][0], []).append(b)
+        kept.append(by_tok.pop(row_tok[r], []))
         for t, bs in by_tok.items():
             added.append(bs)
             copies.append(r)
             added_tok.append(t)
     return kept + added, copies, row_tok + added_tok
-
-
-def _cut(tokens: list[int], logprobs: list[float], stops: set[int]) -> Decoded:
-    """A row's tokens and log-probs through its first stop token."""
-    end = next((j + 1 for j, t in enumerate(tokens) if t in stops), len(tokens))
-    return Decoded(tokens[:end], logprobs[:end])

@@ -45,6 +45,12 @@ FACTOR smoke step at M = 4) share one row, gathered and decoded once, each reque
 its own stream under its own allowed replies; where their draws differ the row is copied
 (:func:`duplicate_rows`, :func:`.decode.decode`; ``merge_duplicates=False`` turns it off).
 
+Under valid-action decoding, tokens a reply's trie forces (log pi^C = 0) skip the model where
+nothing reads their logits: the ``<action>`` tag enters the first forward with the prompt, and
+a reply whose rest is forced through its stop token (the only admissible action with its
+prefix, and the closing tag) is written at once and leaves the batch. In a FACTOR smoke step
+these are 67% of the reply tokens (``skip_forced=False``: a forward per token).
+
 Position ids are the left-padded ones (cumulative attention mask - 1: token j of a prompt sits
 at position j at any padding), so a stored prefix is valid in any batch. Replies and log-probs
 are those of reuse off up to float rounding (the same token KV, computed in other batch
@@ -130,6 +136,7 @@ class HFGenerator(TokenizedBackend):
         shared_prefix_min: int | None = SHARED_PREFIX_MIN,
         stem_min: int | None = STEM_MIN,
         merge_duplicates: bool = True,
+        skip_forced: bool = True,
     ) -> None:
         """``prefix_reuse``: keep prompt KV across calls and prefill only new suffixes (module
         docstring); ``prefix_cache_tokens``: the cache's bound in tokens (default: what
@@ -140,7 +147,9 @@ class HFGenerator(TokenizedBackend):
         batch share past their stored prefixes when that is at least this many tokens (None:
         never; :func:`shared_stems`); ``merge_duplicates``: requests of a seeded or greedy
         batch with the same prompt decode in one row while their replies agree
-        (:func:`duplicate_rows`; False: a row per request)."""
+        (:func:`duplicate_rows`; False: a row per request); ``skip_forced``: under valid-action
+        decoding, tokens a reply's trie forces skip the model where no logits of theirs are
+        read (:func:`.decode.decode`; False: one forward per token)."""
         super().__init__(policy, GenerationLimits(max_new_tokens, max_context, batch_size))
         self.tries = TrieBuilder(self.tokenizer, self.stop_ids)
         if prefix_cache_tokens is None:
@@ -158,6 +167,7 @@ class HFGenerator(TokenizedBackend):
         self.shared_prefix_min = shared_prefix_min
         self.stem_min = stem_min
         self.merge_duplicates = merge_duplicates
+        self.skip_forced = skip_forced
         self.shared_prefix_tokens = 0
         """Prompt tokens that decoding read from a prefix shared by the whole batch (held once)
         instead of from each row's own cache."""
@@ -255,10 +265,10 @@ class HFGenerator(TokenizedBackend):
         self, temperature: float, greedy: bool, seeds: Sequence[int] | None, device: torch.device
     ) -> Sampling:
         """Greedy, seeded (each reply its own Gumbel stream), or global-RNG sampling."""
-        draw = None
-        if not greedy and seeds is not None:
-            draw = RowSeededSampler(seeds, float(temperature), device).draw
-        return Sampling(float(temperature), greedy, draw)
+        if greedy or seeds is None:
+            return Sampling(float(temperature), greedy)
+        sampler = RowSeededSampler(seeds, float(temperature), device)
+        return Sampling(float(temperature), greedy, sampler.draw, sampler.skip)
 
     def _inputs(
         self,
@@ -596,7 +606,9 @@ class HFGenerator(TokenizedBackend):
         args = (self.model, ids, mask, cache, self.max_new_tokens, self.stop_ids, sampling, tries)
         start = 0 if shared is None else shared.shape[-2]
         with use_shared_prefix(self.model, shared) if shared is not None else nullcontext():
-            replies = decode(*args, first_position=start, members=members)
+            replies = decode(
+                *args, first_position=start, members=members, skip_forced=self.skip_forced
+            )
         out: list[Generation] = [None] * len(encoded)  # type: ignore[list-item]
         for i, reply, (prompt, cut), trie in zip(order, replies, encoded, tries):
             out[i] = self._to_generation(reply, prompt, cut, trie)
@@ -700,12 +712,26 @@ class RowSeededSampler:
         self.generators = [
             torch.Generator(device=device).manual_seed(int(s) % 2**63) for s in seeds
         ]
+        self.skipped = [0] * len(seeds)
+        """Per stream, draws owed to positions skipped since its last draw (:meth:`skip`)."""
 
     def draw(self, scores: torch.Tensor, rows: Sequence[int] | None = None) -> torch.Tensor:
         """The sampled token id of each row of ``scores`` [A, V], [A]; ``rows``: the streams
         (indices into ``seeds``) of those rows, all of them in order when None."""
         vocab = scores.shape[-1]
-        gens = self.generators if rows is None else [self.generators[r] for r in rows]
+        rows = range(len(self.generators)) if rows is None else rows
+        gens = [self.generators[r] for r in rows]
+        for r, g in zip(rows, gens):
+            for _ in range(self.skipped[r]):
+                torch.rand(vocab, generator=g, device=scores.device)
+            self.skipped[r] = 0
         u = torch.stack([torch.rand(vocab, generator=g, device=scores.device) for g in gens])
         gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
         return (scores.float() / self.temperature + gumbel).argmax(-1)
+
+    def skip(self, rows: Sequence[int], n: int) -> None:
+        """The streams of ``rows`` past ``n`` more positions whose token was forced: their
+        draws are made (and dropped) by the row's next :meth:`draw`, which knows the
+        vocabulary size, so the k-th drawn token still uses the stream's k-th draw."""
+        for r in rows:
+            self.skipped[r] += n
