@@ -18,7 +18,8 @@ runs against older checkouts too (no ``prefix_reuse`` there: the counters read a
 
     .venv/bin/python benchmarks/rollout.py [--model DIR] [--groups 4] [--k 4] [--reps 3]
         [--game coin] [--history-turns 2] [--no-prefix-reuse] [--no-shared-prefix] [--no-stems]
-        [--no-merge-duplicates] [--overlap] [--cold-slots] [--json]
+        [--no-merge-duplicates] [--valid-actions [--no-skip-forced]] [--overlap]
+        [--cold-slots] [--json]
 """
 
 from __future__ import annotations
@@ -69,7 +70,21 @@ def _backend(policy: Any, args: argparse.Namespace) -> HFGenerator:
         if "merge_duplicates" not in inspect.signature(HFGenerator).parameters:
             raise SystemExit("this checkout's hf backend merges no duplicate requests")
         options["merge_duplicates"] = False
+    if not args.skip_forced:
+        if "skip_forced" not in inspect.signature(HFGenerator).parameters:
+            raise SystemExit("this checkout's hf backend skips no forced tokens")
+        options["skip_forced"] = False
     return HFGenerator(policy, max_new_tokens=args.max_new_tokens, max_context=1024, **options)
+
+
+def _runner(pool: EnvPool, gen: HFGenerator, args: argparse.Namespace) -> RolloutRunner:
+    """The runner, its replies constrained to the admissible actions with ``--valid-actions``."""
+    fmt = PromptFormat(history_turns=args.history_turns)
+    if not args.valid_actions:
+        return RolloutRunner(pool, gen, fmt, max_turns=args.max_turns)
+    if "constrain" not in inspect.signature(RolloutRunner).parameters:
+        raise SystemExit("this checkout's rollout runner has no valid-action decoding")
+    return RolloutRunner(pool, gen, fmt, max_turns=args.max_turns, constrain=True)
 
 
 def _counters(gen: HFGenerator) -> dict[str, int | None]:
@@ -79,8 +94,7 @@ def _counters(gen: HFGenerator) -> dict[str, int | None]:
 def one_rep(policy: Any, pool: EnvPool, args: argparse.Namespace) -> dict[str, Any]:
     """Roots then continuations with a fresh backend; seconds, interactions and tokens."""
     gen = _backend(policy, args)
-    fmt = PromptFormat(history_turns=args.history_turns)
-    runner = RolloutRunner(pool, gen, fmt, max_turns=args.max_turns)
+    runner = _runner(pool, gen, args)
     n_root = args.groups * args.k
     starts = [
         Start(f"{args.game}/{100 + g}", group=g) for g in range(args.groups) for _ in range(args.k)
@@ -149,9 +163,7 @@ def one_overlapped_rep(policy: Any, pool: EnvPool, args: argparse.Namespace) -> 
     from factor_cli.rollout.runner import Job
 
     gen = _backend(policy, args)
-    runner = RolloutRunner(
-        pool, gen, PromptFormat(history_turns=args.history_turns), args.max_turns
-    )
+    runner = _runner(pool, gen, args)
     starts = [
         Start(f"{args.game}/{100 + g}", group=g) for g in range(args.groups) for _ in range(args.k)
     ]
@@ -224,6 +236,19 @@ def main() -> None:
         "prompt while their replies agree (hf.duplicate_rows)",
     )
     ap.add_argument(
+        "--valid-actions",
+        action="store_true",
+        help="constrain every reply to an admissible action (rollout.valid_action_decoding, "
+        "as the smoke preset does); the untrained model then picks among them",
+    )
+    ap.add_argument(
+        "--no-skip-forced",
+        dest="skip_forced",
+        action="store_false",
+        help="with --valid-actions: a forward per reply token, also for tokens the actions "
+        "force (the <action> tag, the rest of the only action with a prefix)",
+    )
+    ap.add_argument(
         "--overlap",
         action="store_true",
         help="start continuations as their root ends (the trainer's default); one wall time",
@@ -265,7 +290,9 @@ def main() -> None:
 def _print(res: dict[str, Any], args: argparse.Namespace) -> None:
     print(
         f"medians of {args.reps} repetitions ({args.game}, history_turns={args.history_turns}, "
-        f"prefix reuse {'on' if args.prefix_reuse else 'off'})"
+        f"prefix reuse {'on' if args.prefix_reuse else 'off'}"
+        + (", valid actions" if args.valid_actions else "")
+        + ")"
     )
     if "rollout_s" in res:  # --overlap: one wall time for roots and continuations
         print(
