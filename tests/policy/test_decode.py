@@ -115,6 +115,37 @@ def _forwards(replies: list[list[int]], tries: list[TokenTrie | None], skip: boo
     return max(p - h + 1 for p in last)
 
 
+def _decode_counted(
+    model, prompts, tries, sampling: Sampling, compact: float = decode_module.COMPACT_BELOW, **kw
+) -> tuple[list[decode_module.Decoded], int]:
+    """:func:`decode` of the left-padded ``prompts`` on a buffer cache (compaction at
+    ``compact``), and the model forwards it ran."""
+    ids, mask = _left_pad(prompts)
+    cache = buffer_cache(model.config, ids.shape[1] + MAX_NEW - 1)
+    old = decode_module.COMPACT_BELOW
+    decode_module.COMPACT_BELOW = compact  # 0: never compact, 1: at every stop
+    calls: list[int] = []
+    hook = model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        with torch.no_grad():
+            got = decode(model, ids, mask, cache, MAX_NEW, [STOP], sampling, tries, **kw)
+    finally:
+        decode_module.COMPACT_BELOW = old
+        hook.remove()
+    return got, len(calls)
+
+
+def _assert_oracle_replies(model, prompts, tries, got, sampling: Sampling) -> None:
+    """Reply i is request i decoded alone by :func:`_oracle` from stream i of ``sampling``:
+    the same tokens, log-probs within 1e-5."""
+    for row, (prompt, trie, reply) in enumerate(zip(prompts, tries, got)):
+        toks, lps = _oracle(model, prompt, sampling, row, trie)
+        assert reply.tokens == toks
+        torch.testing.assert_close(
+            torch.tensor(reply.logprobs), torch.tensor(lps), atol=1e-5, rtol=0
+        )
+
+
 @settings(max_examples=12, deadline=None)
 @given(
     seed=st.integers(0, 10_000),
@@ -130,33 +161,17 @@ def test_decode_equals_each_row_decoded_alone_without_a_cache(
     """With ``skip_forced`` too: forced tokens skip the model and change no reply."""
     prompts = _prompts(seed, n)
     tries = _tries(seed, n) if constrained else [None] * n
-    ids, mask = _left_pad(prompts)
-    cache = buffer_cache(model.config, ids.shape[1] + MAX_NEW - 1)
-    old = decode_module.COMPACT_BELOW
-    decode_module.COMPACT_BELOW = compact  # 0: never compact, 1: at every stop
-    calls: list[int] = []
-    hook = model.register_forward_hook(lambda *_: calls.append(1))
-    try:
-        with torch.no_grad():
-            sampling = _sampling(kind, n, seed)
-            got = decode(
-                model, ids, mask, cache, MAX_NEW, [STOP], sampling, tries, skip_forced=skip
-            )
-    finally:
-        decode_module.COMPACT_BELOW = old
-        hook.remove()
+    got, calls = _decode_counted(
+        model, prompts, tries, _sampling(kind, n, seed), compact, skip_forced=skip
+    )
     # One forward per step, and no step after the last row stopped (a stopped row that stays
     # in the batch must not count as decoding again); none for forced tokens with ``skip``.
-    assert len(calls) == _forwards([r.tokens for r in got], tries, skip)
-    oracle_sampling = _sampling(kind, n, seed)  # fresh streams: each row's draws start over
-    for row, (prompt, trie, reply) in enumerate(zip(prompts, tries, got)):
-        toks, lps = _oracle(model, prompt, oracle_sampling, row, trie)
-        assert reply.tokens == toks
-        torch.testing.assert_close(
-            torch.tensor(reply.logprobs), torch.tensor(lps), atol=1e-5, rtol=0
-        )
+    assert calls == _forwards([r.tokens for r in got], tries, skip)
+    # Fresh streams: each row's draws start over.
+    _assert_oracle_replies(model, prompts, tries, got, _sampling(kind, n, seed))
+    for trie, reply in zip(tries, got):
         if trie is not None:
-            assert toks in trie.sequences or len(toks) == MAX_NEW
+            assert reply.tokens in trie.sequences or len(reply.tokens) == MAX_NEW
 
 
 @pytest.mark.parametrize("kind", ["greedy", "seeded-1", "seeded-0.7"])
@@ -174,33 +189,13 @@ def test_forced_tokens_skip_the_model_and_change_no_reply(model, kind: str) -> N
         TokenTrie([[9, 13, 14, STOP]]),  # forced from the start
     ]
     prompts = _prompts(31, len(tries))
-    ids, mask = _left_pad(prompts)
-    calls: list[int] = []
-    hook = model.register_forward_hook(lambda *_: calls.append(1))
-    try:
-        with torch.no_grad():
-            got = decode(
-                model,
-                ids,
-                mask,
-                buffer_cache(model.config, ids.shape[1] + MAX_NEW - 1),
-                MAX_NEW,
-                [STOP],
-                _sampling(kind, len(tries), 5),
-                tries,
-                skip_forced=True,
-            )
-    finally:
-        hook.remove()
-    assert len(calls) == 2  # row 3's second token was forced but not skipped: a choice follows
-    oracle_sampling = _sampling(kind, len(tries), 5)
-    for row, (prompt, trie, reply) in enumerate(zip(prompts, tries, got)):
-        toks, lps = _oracle(model, prompt, oracle_sampling, row, trie)
-        assert reply.tokens == toks
-        torch.testing.assert_close(
-            torch.tensor(reply.logprobs), torch.tensor(lps), atol=1e-5, rtol=0
-        )
-        forced = [j for j, c in enumerate(trie.allowed_along(toks)) if len(c) == 1]
+    got, calls = _decode_counted(
+        model, prompts, tries, _sampling(kind, len(tries), 5), skip_forced=True
+    )
+    assert calls == 2  # row 3's second token was forced but not skipped: a choice follows
+    _assert_oracle_replies(model, prompts, tries, got, _sampling(kind, len(tries), 5))
+    for trie, reply in zip(tries, got):
+        forced = [j for j, c in enumerate(trie.allowed_along(reply.tokens)) if len(c) == 1]
         assert all(reply.logprobs[j] == 0.0 for j in forced)
     assert got[4].tokens == [9, 13, 14, STOP]
 

@@ -11,6 +11,9 @@ and the finished rows about half of the decode work. :func:`decode` instead
 - drops rows that have stopped from the batch (their buffers are compacted, one copy) once at
   most half of the rows are still decoding (each compaction copies every remaining row's
   keys and values; measured against three quarters on ``benchmarks/rollout.py``: 1.03x);
+- under valid-action decoding, writes the tokens a reply's trie forces without a forward where
+  nothing reads their logits (``skip_forced``: the ``<action>`` tag with the prompt's forward,
+  a reply's forced rest at once; 67% of the reply tokens of a FACTOR smoke step);
 - samples from exactly softmax(z / T) (renormalised over C_j under valid-action decoding, see
   :mod:`.constrained`): no generation-config processors (a checkpoint's repetition penalty,
   top-k / top-p defaults) can change the draw behind the behaviour log-probs' back.
