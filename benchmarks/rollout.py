@@ -263,6 +263,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="repetitions; medians are reported")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if not args.skip_forced and not args.valid_actions:
+        ap.error("--no-skip-forced needs --valid-actions (free replies have no forced tokens)")
     torch.manual_seed(0)
     if not (args.model / "config.json").exists():
         init_tiny(args.model, "1m")
