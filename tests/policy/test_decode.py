@@ -377,6 +377,46 @@ def test_a_shared_row_splits_where_its_requests_draw_apart(model) -> None:
         assert reply.tokens == _oracle(model, prompt, oracle_sampling, i, None)[0]
 
 
+def test_a_request_that_ends_leaves_its_row_without_a_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two requests on one row draw apart where one of them stops: it leaves the row, and the
+    other goes on in it, so no row is copied. A scripted model: token 5 first, then 4 above
+    the stop token above 9; request 0 may only write 5 then the stop or 9."""
+    from types import SimpleNamespace
+
+    from transformers import DynamicCache
+
+    class Scripted(torch.nn.Module):
+        def forward(
+            self, input_ids: torch.Tensor, position_ids: torch.Tensor, **_: object
+        ) -> SimpleNamespace:
+            z = torch.zeros(input_ids.shape[0], 1, VOCAB)
+            first = position_ids[:, -1] == 0
+            z[first, 0, 5] = 3.0
+            z[~first, 0, 4], z[~first, 0, STOP], z[~first, 0, 9] = 3.0, 2.0, 1.0
+            return SimpleNamespace(logits=z)
+
+    copies: list[list[int]] = []
+    monkeypatch.setattr(decode_module, "append_rows", lambda *a: copies.append(list(a[2])))
+    ids, mask = _left_pad([[3]])
+    tries = [TokenTrie([[5, STOP], [5, 9, STOP]]), None]
+    got = decode(
+        Scripted(),
+        ids,
+        mask,
+        DynamicCache(),
+        MAX_NEW,
+        [STOP],
+        Sampling(1.0, True),
+        tries,
+        members=[[0, 1]],
+    )
+    assert got[0].tokens == [5, STOP]
+    assert got[1].tokens == [5] + [4] * (MAX_NEW - 1)
+    assert copies == []
+
+
 def test_split_keeps_the_first_requests_token_and_copies_the_rest_in_order() -> None:
     groups = [[0, 3, 4], [1, 2], [], [5, 6]]
     drawn = {b: (t, -1.0) for b, t in {0: 7, 3: 8, 4: 7, 1: 9, 2: 9, 5: 1, 6: 2}.items()}

@@ -303,12 +303,13 @@ def decode(
         for b, (t, p) in drawn.items():
             out[b].append(t)
             lps[b].append(p)
+        # Requests that end here leave first, so no row is copied for them.
+        groups = _retire(groups, tries, out, lps, stop_set, max_new_tokens, skip)
         groups, copies, row_tok = _split(groups, drawn, int(stop_ids[0]))
         if copies:
             append_rows(cache, len(step_pos), copies, len(out))
             idx = torch.tensor([*range(len(step_pos)), *copies], device=device)
             full, step_pos = full[idx], step_pos[idx]
-        groups = _retire(groups, tries, out, lps, stop_set, max_new_tokens, skip)
         going = [r for r, g in enumerate(groups) if g]
         if not going:
             break
