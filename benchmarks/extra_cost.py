@@ -30,8 +30,10 @@ no overhead in Python.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -137,15 +139,20 @@ def instrument(trainer: Trainer) -> Meter:
     return meter
 
 
+def _model(cfg: Any) -> str:
+    """The smoke config's warm-start model (built once, silently, if missing)."""
+    return warm_start(cfg, lambda *a: None, lambda s: None)
+
+
 def method_rows(method: str, steps: int, overrides: list[str]) -> list[dict[str, Any]]:
     """One row per step: seconds and work by kind, the step's interactions and its forwards'
-    shapes (``shapes``, replayed later by :func:`replay`)."""
+    shapes (``shapes``, replayed later by :func:`replay`). A line per step goes to stderr."""
     cfg = load_config("smoke", [f"method={method}", "continuations.per_checkpoint=4", *overrides])
-    trainer = Trainer(cfg, warm_start(cfg, lambda *a: None, lambda s: None))
+    trainer = Trainer(cfg, _model(cfg))
     meter = instrument(trainer)
     rows = []
     try:
-        for _ in range(steps):
+        for k in range(1, steps + 1):
             before, n0 = dict(meter.totals), len(meter.shapes)
             t0 = time.perf_counter()
             m = trainer.train_step().metrics
@@ -158,6 +165,7 @@ def method_rows(method: str, steps: int, overrides: list[str]) -> list[dict[str,
             row["continuation_interactions"] = m["continuation_interactions"]
             row["shapes"] = meter.shapes[n0:]
             rows.append(row)
+            print(f"{method} step {k}/{steps}: {row['step_s']:.1f} s", file=sys.stderr)
     finally:
         trainer.close()
     return rows
@@ -191,7 +199,7 @@ def replay(model: torch.nn.Module, shapes: list[tuple[int, int, int]]) -> float:
 def add_replay(rows: dict[str, list[dict[str, Any]]], overrides: list[str]) -> None:
     """Each step's ``replay_s``, on the smoke model (warmed up by one replayed step first)."""
     cfg = load_config("smoke", overrides)
-    model = load_policy(warm_start(cfg, lambda *a: None, lambda s: None)).model.eval()
+    model = load_policy(_model(cfg)).model.eval()
     replay(model, rows["factor"][0]["shapes"])
     for method_rows_ in rows.values():
         for row in method_rows_:
@@ -242,8 +250,9 @@ def main() -> None:
     except ConfigError as exc:
         ap.error(str(exc))
     torch.manual_seed(0)
-    rows = {m: method_rows(m, args.steps, args.overrides) for m in METHODS}
-    add_replay(rows, args.overrides)
+    with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed prints as it loads its ops
+        rows = {m: method_rows(m, args.steps, args.overrides) for m in METHODS}
+        add_replay(rows, args.overrides)
     res = summary(rows)
     if args.json:
         steps = {

@@ -22,9 +22,11 @@ B = 2, M = 4: ``--set continuations.per_checkpoint=4``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -104,7 +106,8 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    per_step = {m: method_rows(m, args.steps, args.overrides) for m in args.methods.split(",")}
+    with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed prints as it loads its ops
+        per_step = {m: method_rows(m, args.steps, args.overrides) for m in args.methods.split(",")}
     medians = [median_row(rows) for rows in per_step.values()]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if args.json:
