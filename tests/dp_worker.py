@@ -2,7 +2,8 @@
 
 Usage: torchrun --nproc_per_node N tests/dp_worker.py MODEL_DIR OUT_JSON [--uneven] [--zero3]
 [--ppo]
-Rank 0 writes the loss and a fingerprint of the updated weights; the test compares N = 1 and 2.
+Rank 0 writes the loss and a fingerprint of the updated weights; the test compares them with
+:func:`update_results` run in its own process (the one-process reference, without a launch).
 ``--ppo``: method ppo, its critic trained in its own engine beside the policy (its loss and
 weights' fingerprint are written too).
 ``--uneven``: two mini-batches of 3 actions, one per micro-batch, so the ranks' shares differ
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 
 import torch
 from synthetic import synthetic_batch  # tests/ is this script's directory, so on sys.path
@@ -28,17 +30,30 @@ from factor_cli.train.update import ppo_update
 
 def main() -> None:
     model_dir, out = sys.argv[1], sys.argv[2]
+    result, rank = update_results(model_dir, sys.argv[3:])
+    if rank == 0:
+        with open(out, "w") as fh:
+            json.dump(result, fh)
+    # Tear the process group down before the interpreter does: gloo's threads destroyed at exit
+    # once aborted a rank ("terminate called without an active exception", SIGABRT) in CI.
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+def update_results(model_dir: str, flags: Sequence[str]) -> tuple[dict[str, float], int]:
+    """One update under ``flags`` (the script's options): (its results, this rank)."""
     torch.manual_seed(0)
     policy = load_policy(model_dir)
-    uneven = "--uneven" in sys.argv
+    uneven = "--uneven" in flags
     sets = (
         ["optim.micro_batch_actions=1", "optim.minibatches=2"]
         if uneven
         else ["optim.micro_batch_actions=3"]
     )
-    if "--zero3" in sys.argv:
+    if "--zero3" in flags:
         sets.append("engine.zero_stage=3")
-    ppo = "--ppo" in sys.argv
+    ppo = "--ppo" in flags
     if ppo:
         sets += ["method=ppo", "critic.lr=1e-3"]
     cfg = load_config("smoke", [*sets, "optim.lr=1e-3"])
@@ -63,14 +78,7 @@ def main() -> None:
         result[f"{name}first"] = float(a[0].flatten()[:5].sum())
     if critic is not None:
         result |= {"critic_loss": stats.critic_loss, "critic_grad_norm": stats.critic_grad_norm}
-    if engine.rank == 0:
-        with open(out, "w") as fh:
-            json.dump(result, fh)
-    # Tear the process group down before the interpreter does: gloo's threads destroyed at exit
-    # once aborted a rank ("terminate called without an active exception", SIGABRT) in CI.
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    return result, engine.rank
 
 
 def _weights(engine: Engine) -> list[torch.Tensor]:

@@ -360,7 +360,7 @@ def test_pre_timeout_signal_while_the_child_trains_stops_it_and_requeues(deliver
         text=True, cwd=Path(cell_module.__file__).parents[2], start_new_session=True,
     )  # fmt: skip
     try:
-        stdout, stderr = probe.communicate(timeout=8)
+        stdout, stderr = probe.communicate(timeout=25)  # the child sleeps 30 s
     except subprocess.TimeoutExpired:
         os.killpg(probe.pid, signal.SIGKILL)  # the probe and its sleeping child
         probe.communicate()

@@ -109,22 +109,36 @@ def test_every_method_trains_two_steps(
 
 
 @needs_twx
-def test_overlapped_continuations_change_no_step(tiny_model_dir: Path, trained_env: Path) -> None:
+def test_overlapped_continuations_change_no_step(
+    tiny_model_dir: Path, trained_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``continuations.overlap`` on and off: the same episodes, value targets, losses and
-    metrics (only the phase times differ), with overlap's continuations inside time_rollout."""
+    metrics (only the phase times differ). With overlap the continuations phase plays
+    nothing: the rollout already played them."""
+    from factor_cli.train import trainer as trainer_module
     from factor_cli.train.trainer import Trainer
 
+    played_after_rollout: list[bool] = []
+    run_continuations = trainer_module.run_continuations
+
+    def counted(*args: object, **kwargs: object) -> object:
+        played_after_rollout.append(True)
+        return run_continuations(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "run_continuations", counted)
     base = tiny_overrides(tiny_model_dir, trained_env, "factor", steps=1)
     base += ["rollout.groups=2", "continuations.per_checkpoint=2", "env.max_turns=4"]
-    steps = {}
+    steps, calls = {}, {}
     for overlap in (True, False):
         trainer = Trainer(load_config("smoke", [*base, f"continuations.overlap={overlap}"]))
         try:
             steps[overlap] = trainer.train_step()
         finally:
             trainer.close()
+        calls[overlap] = len(played_after_rollout)
+        played_after_rollout.clear()
     on, off = steps[True], steps[False]
-    assert on.metrics["time_continuations"] < 1e-3 < off.metrics["time_continuations"]
+    assert calls == {True: 0, False: 1}
     untimed = [k for k in off.metrics if not k.startswith("time_")]
     assert {k: on.metrics[k] for k in untimed} == pytest.approx(
         {k: off.metrics[k] for k in untimed}, rel=1e-5, abs=1e-6
@@ -262,32 +276,21 @@ def test_micro_batching_never_changes_the_update(tiny_model_dir: Path, zero_stag
 
 
 def _dp_results(model: Path, tmp: Path, flags: list[str]) -> dict[int, dict[str, float]]:
-    """``tests/dp_worker.py`` under torchrun with 1 and 2 processes: rank 0's results of each."""
+    """Rank 0's results of ``tests/dp_worker.py`` under torchrun with 2 processes, and the same
+    update in this process (the one-process reference: a launch would only add its start-up)."""
+    from dp_worker import update_results  # tests/ is on sys.path, as for synthetic
+
     torchrun = Path(sys.executable).with_name("torchrun")
-    results = {}
-    for n in (1, 2):
-        out = tmp / f"dp{n}.json"
-        cmd = [
-            str(torchrun),
-            "--nproc_per_node",
-            str(n),
-            "--master_port",
-            str(_free_port()),
-            str(ROOT / "tests" / "dp_worker.py"),
-            str(model),
-            str(out),
-            *flags,
-        ]
-        res = subprocess.run(
-            cmd,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )
-        assert res.returncode == 0, res.stderr[-2000:]
-        results[n] = json.loads(out.read_text())
+    out = tmp / "dp2.json"
+    port = str(_free_port())
+    cmd = [str(torchrun), "--nproc_per_node", "2", "--master_port", port,
+           str(ROOT / "tests" / "dp_worker.py"), str(model), str(out), *flags]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    one, rank = update_results(str(model), flags)
+    assert rank == 0 and one["world"] == 1
+    results = {1: one, 2: json.loads(out.read_text())}
     assert results[2]["world"] == 2
     return results
 
