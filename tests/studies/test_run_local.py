@@ -37,8 +37,8 @@ def _cmd(tmp: Path, model: Path, *args: str, spec: str = STUDY) -> list[str]:
     return [sys.executable, "-m", "factor_cli", "study", args[0], spec, *args[1:], *sets]
 
 
-def _invoke(tmp: Path, model: Path, *args: str, spec: str) -> tuple[int, str]:
-    """A short command (plan, status, report) in this process: (exit code, stdout + stderr).
+def _invoke(tmp: Path, model: Path, *args: str, spec: str) -> tuple[int, str, str]:
+    """A short command (plan, status, report) in this process: (exit code, stdout, stderr).
     The runners, whose processes are what these tests are about, run as subprocesses."""
     from typer.testing import CliRunner
 
@@ -46,7 +46,7 @@ def _invoke(tmp: Path, model: Path, *args: str, spec: str) -> tuple[int, str]:
 
     argv = _cmd(tmp, model, *args, spec=spec)[3:]  # less `python -m factor_cli`
     res = CliRunner().invoke(app, argv, env={"COLUMNS": "200"})
-    return res.exit_code, res.output
+    return res.exit_code, res.stdout, res.stderr
 
 
 def _start(cmd: list[str]) -> subprocess.Popen[str]:
@@ -160,18 +160,18 @@ def test_ci_study_survives_ctrl_c_sigkill_and_two_concurrent_runners(
     # 4. Run again: nothing starts; plan says every cell is finished, with its run id.
     again = subprocess.run(run, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "nothing to start" in again.stdout, again.stderr[-2000:]
-    code, plan = _invoke(tmp_path, tiny_model_dir, "plan", "--json", spec=spec)
-    assert code == 0, plan[-2000:]
+    code, plan, err = _invoke(tmp_path, tiny_model_dir, "plan", "--json", spec=spec)
+    assert code == 0, err[-2000:]
     cells = json.loads(plan)["cells"]
     assert {c["state"] for c in cells} == {"finished"}
     assert {c["run_id"] for c in cells} == {r.info.run_id for r in live}
 
     # 5. The report: the main table of both methods, bootstrap, costs; files written.
     out = tmp_path / "report"
-    code, report = _invoke(
+    code, report, err = _invoke(
         tmp_path, tiny_model_dir, "report", "--out", str(out), "--resamples", "200", spec=spec
     )
-    assert code == 0, report[-2000:]
+    assert code == 0, err[-2000:]
     assert "2 of 2 cells finished" in report
     for name in ("report.md", "table.csv", "costs.csv", "bootstrap.csv"):
         assert (out / name).stat().st_size > 0
@@ -223,8 +223,8 @@ def test_a_failing_cell_is_reported_and_retried_only_when_asked(
     retried = study("run", "--retry-failed", "1")
     assert retried.returncode == 1 and "bogus" in retried.stderr
     assert launches(1) == 0  # failed twice > 1
-    code, status = _invoke(tmp_path, tiny_model_dir, "status", spec=str(spec))
-    assert code == 0 and "failed" in status and "bogus" in status, status
+    code, status, err = _invoke(tmp_path, tiny_model_dir, "status", spec=str(spec))
+    assert code == 0 and "failed" in status and "bogus" in status, status + err[-2000:]
     (attempts,) = _attempts(tmp_path).values()
     assert [a["outcome"] for a in attempts] == ["failed", "failed"]
     runs = _runs(tmp_path)  # no checkpoint to resume: the retry is a new run, the old superseded
