@@ -37,8 +37,10 @@ if TYPE_CHECKING:
         action_surrogate_weight,
         coefficient_deviation,
         conservation_drift,
+        group_signal,
         length_bias_table,
         sign_agreement,
+        zero_credit_share,
     )
     from .estimators import ESTIMATORS, CreditInputs, broadcast_credit, uniform_credit
     from .gigpo import gigpo_advantage
@@ -80,8 +82,10 @@ _EXPORTS = {
     "action_surrogate_weight": "diagnostics",
     "coefficient_deviation": "diagnostics",
     "conservation_drift": "diagnostics",
+    "group_signal": "diagnostics",
     "length_bias_table": "diagnostics",
     "sign_agreement": "diagnostics",
+    "zero_credit_share": "diagnostics",
     "CreditInputs": "estimators",
     "ESTIMATORS": "estimators",
     "broadcast_credit": "estimators",
@@ -153,6 +157,7 @@ __all__ = [
     "clipped_surrogate",
     "coefficient_deviation",
     "conservation_drift",
+    "group_signal",
     "context_groups",
     "eta_schedule",
     "gae_credit",
@@ -170,6 +175,7 @@ __all__ = [
     "reverse_discounted_sum",
     "serl_weights",
     "sign_agreement",
+    "zero_credit_share",
     "td_action_credit",
     "td_n_step_credit",
     "terminal_rewards",

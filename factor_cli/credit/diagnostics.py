@@ -3,7 +3,8 @@
 * coefficient deviation |w-bar_t - 1| per action (Figure 5A, Table 18);
 * conservation drift sum_t A_t - A^seq_i per trajectory (0 for TAC, uniform, shuffled);
 * pre-clipping surrogate weight per action and its length-stratified means (Table 24 / P.1);
-* sign agreement of action credit with an independent reference (Figure 5B).
+* sign agreement of action credit with an independent reference (Figure 5B);
+* the signal RL gets: groups with any non-zero A^seq, actions with zero credit.
 """
 
 from __future__ import annotations
@@ -80,3 +81,29 @@ def sign_agreement(credit: Tensor, reference: Tensor, min_abs: float = 1e-6) -> 
     if not bool(keep.any()):
         return float("nan")
     return float((torch.sign(credit[keep]) == torch.sign(reference[keep])).double().mean())
+
+
+def group_signal(a_seq: Tensor, group_index: Tensor, min_abs: float = 1e-6) -> float:
+    """Share of groups whose outcome gives any member a signal: the fraction of groups g with
+    max_{i in g} |A^seq_i| >= ``min_abs``.
+
+    a_seq [N_traj] (A^seq_i), group_index [N_traj] (any integer ids; each distinct id is a
+    group). Under the leave-one-out baseline an all-success or all-failure group has
+    A^seq_i = 0 for every member, so it teaches nothing through the outcome. NaN when there is
+    no trajectory.
+    """
+    if a_seq.numel() == 0:
+        return float("nan")
+    _, groups = torch.unique(group_index, return_inverse=True)
+    n = int(groups.max()) + 1
+    peak = torch.zeros(n, dtype=a_seq.dtype).scatter_reduce(
+        0, groups, a_seq.abs(), reduce="amax", include_self=True
+    )
+    return float((peak >= min_abs).double().mean())
+
+
+def zero_credit_share(credit: Tensor, min_abs: float = 1e-6) -> float:
+    """Share of actions with |A_t| < ``min_abs``, credit [N_act]; NaN when there is none."""
+    if credit.numel() == 0:
+        return float("nan")
+    return float((credit.abs() < min_abs).double().mean())

@@ -26,7 +26,9 @@ from factor_cli.credit import (
     CreditAssignment,
     assign_credit,
     coefficient_deviation,
+    group_signal,
     sign_agreement,
+    zero_credit_share,
 )
 from factor_cli.envs.pool import EnvPool
 from factor_cli.policy.generation.backends import BACKENDS
@@ -244,6 +246,9 @@ class Trainer:
         if cont is not None and cont.episodes:
             x, y = continuation_targets(feats, roots, cont)
             if len(y):
+                # Calibration of what credit reads (the target head) on targets it has not
+                # been fitted on yet; value_mse below is the online head's training loss.
+                out["value_target_mse"] = float(((self.heads.values(x) - y) ** 2).mean())
                 self.buffer.add(k, x, y)
                 gen = stream_generator(self.cfg.seed, k, "value")
                 out["value_mse"] = fit_value_head(
@@ -443,6 +448,8 @@ class Trainer:
             "warmup": float(credit.warmup),
             "coef_deviation_mean": float(dev.mean()),
             "coef_deviation_median": float(dev.median()),
+            "group_signal": group_signal(credit.a_seq, rb.batch.group_index),
+            "zero_credit_share": zero_credit_share(credit.credit),
             "loss": stats.loss,
             "loss_action": stats.action_loss,
             "loss_non_action": stats.non_action_loss,
