@@ -24,6 +24,7 @@ JSON instead. The committed results are in ``benchmarks/results/learning_grid_cp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -43,12 +44,15 @@ from factor_cli.train.trainer import Trainer
 COIN = "numDistractorItems=0,includeDoors=0"
 GRIDS: dict[str, list[tuple[str, list[str]]]] = {
     "default": [
-        (f"coin{n} T{t} sft{g}x{e}", [
-            f"env.options.params.coin=numLocations={n},{COIN}",
-            f"env.max_turns={t}",
-            f"sft.games={g}",
-            f"sft.epochs={e}",
-        ])
+        (
+            f"coin{n} T{t} sft{g}x{e}",
+            [
+                f"env.options.params.coin=numLocations={n},{COIN}",
+                f"env.max_turns={t}",
+                f"sft.games={g}",
+                f"sft.epochs={e}",
+            ],
+        )
         for n, t in ((3, 10), (3, 6), (6, 12), (6, 20))
         for g, e in ((120, 2), (30, 1))
     ],
@@ -122,14 +126,15 @@ def main() -> int:
         ap.error("--items must be >= 1 and --k >= 2")
     grid = [(lab, o) for lab, o in GRIDS[args.grid] if args.only is None or args.only in lab]
     try:
-        for lab, o in grid:  # every config is validated before any setting is measured
+        for _, o in grid:  # every config is validated before any setting is measured
             load_config("smoke", [*o, *args.set])
     except ConfigError as exc:
         ap.error(str(exc))
     rows = []
-    for lab, o in grid:
-        rows.append(measure(lab, o, args))
-        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed prints as it loads its ops
+        for lab, o in grid:
+            rows.append(measure(lab, o, args))
+            print(json.dumps(rows[-1]), flush=True)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

@@ -157,11 +157,11 @@ __all__ = [
     "clipped_surrogate",
     "coefficient_deviation",
     "conservation_drift",
-    "group_signal",
     "context_groups",
     "eta_schedule",
     "gae_credit",
     "gigpo_advantage",
+    "group_signal",
     "group_standardize",
     "hgpo_advantage",
     "hta_scores",
@@ -175,7 +175,6 @@ __all__ = [
     "reverse_discounted_sum",
     "serl_weights",
     "sign_agreement",
-    "zero_credit_share",
     "td_action_credit",
     "td_n_step_credit",
     "terminal_rewards",
@@ -184,6 +183,7 @@ __all__ = [
     "uniform_credit",
     "value_loss",
     "whiten",
+    "zero_credit_share",
 ]
 
 

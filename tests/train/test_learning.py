@@ -74,4 +74,5 @@ def test_method_improves_a_tiny_policy(method: str, tiny_model_dir: Path, tmp_pa
     finally:
         trainer.close()
     cmp = paired_comparison(start, final, seed=cfg.seed, replicates=2000)
+    print(f"{method}: {cmp.start:.3f} -> {cmp.final:.3f}, CI [{cmp.ci_low:+.3f}, {cmp.ci_high:+.3f}]")
     assert cmp.ci_low > 0, (method, cmp)
