@@ -5,8 +5,9 @@ on the same items (the main job's paired bootstrap, whose interval must exclude 
 The task: TextWorldExpress coin games with three rooms and a 3-turn limit, under valid-action
 decoding, from the untrained tiny model (no warm start). Its greedy play wins none of the 60
 eval items; after 8 steps each method's wins 0.58-0.62 of them (docs/learning.md). Fixed
-seeds, one thread: the result is the same on every run of one machine. Mutations checked by hand when this test was written (each made every method fail):
-the loss's sign flipped in ``credit.losses``, and every coefficient zeroed.
+seeds, one thread: the result is the same on every run of one machine. Mutations checked by
+hand when this test was written (each made every method fail): the loss's sign flipped in
+``credit.losses``, and every coefficient zeroed.
 
 Run alone with ``pytest -m learning`` (94 s for the three on two workers).
 """
