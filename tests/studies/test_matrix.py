@@ -30,7 +30,7 @@ from factor_cli.resources import presets_dir, splits_dir
 from factor_cli.splits.manifest import MANIFEST_NAMES
 from factor_cli.studies.matrix import Cell, Matrix, Options, cell_key, expand, invalid_cells
 from factor_cli.studies.spec import SpecError, load_spec, shipped_specs
-from factor_cli.train.config import TrainConfig
+from factor_cli.train.config import TrainConfig, load_config
 
 PAPER_ENVS = ("alfworld", "webshop", "scienceworld")
 SEEDS = (42, 43, 1337)
@@ -332,6 +332,7 @@ def smoke(name: str, **options: Any) -> Matrix:
 
 def test_ablate_smoke_is_eleven_cells_at_cpu_scale() -> None:
     matrix = smoke("ablations")
+    smoke_steps = load_config("smoke").steps
     assert [c.label for c in matrix.cells] == [f"{row}/twx/42" for row in ABLATION_ROWS]
     for cell in matrix.cells:
         cfg = cell.config
@@ -342,7 +343,7 @@ def test_ablate_smoke_is_eleven_cells_at_cpu_scale() -> None:
             "1m",
             "cpu",
         )
-        assert (cfg.env.name, cfg.env.games, cfg.steps) == ("twx", ["coin"], 4)
+        assert (cfg.env.name, cfg.env.games, cfg.steps) == ("twx", ["coin"], smoke_steps)
     assert matrix.base == "smoke"
 
 
@@ -616,10 +617,11 @@ def test_set_env_set_and_row_set_layer_in_order(tmp_path: Path) -> None:
     summary = {
         key: (cfg.optim.lr, cfg.rollout.k, cfg.env.max_turns, cfg.seed) for key, cfg in got.items()
     }
+    turns = load_config("smoke").env.max_turns  # the base's, where no layer sets it
     assert summary == {
-        ("factor", "twx"): (1e-3, 3, 10, 7),
+        ("factor", "twx"): (1e-3, 3, turns, 7),
         ("factor", "alfworld"): (1e-3, 5, 30, 7),
-        ("fast", "twx"): (2e-3, 6, 10, 7),
+        ("fast", "twx"): (2e-3, 6, turns, 7),
         ("fast", "alfworld"): (2e-3, 6, 30, 7),
     }
 
