@@ -7,6 +7,7 @@ import typer
 from factor_cli import __version__
 
 from .credit import app as credit_app
+from .diagnose import diagnose_cmd
 from .envs import app as envs_app
 from .ledger import app as ledger_app
 from .model import app as model_app
@@ -38,6 +39,7 @@ app.command("verify-splits")(verify_cmd)
 app.command("train")(train_cmd)
 app.command("eval")(eval_cmd)
 app.command("sft")(sft_cmd)
+app.command("diagnose")(diagnose_cmd)
 app.add_typer(study_app, name="study")
 for _name, (_spec, _summary) in SHORTCUTS.items():
     app.command(_name)(shortcut(_spec, _summary))

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         group_signal,
         length_bias_table,
         sign_agreement,
+        top_quartile_mass,
         zero_credit_share,
     )
     from .estimators import ESTIMATORS, CreditInputs, broadcast_credit, uniform_credit
@@ -85,6 +86,7 @@ _EXPORTS = {
     "group_signal": "diagnostics",
     "length_bias_table": "diagnostics",
     "sign_agreement": "diagnostics",
+    "top_quartile_mass": "diagnostics",
     "zero_credit_share": "diagnostics",
     "CreditInputs": "estimators",
     "ESTIMATORS": "estimators",
@@ -180,6 +182,7 @@ __all__ = [
     "terminal_rewards",
     "terminal_targets",
     "token_gae",
+    "top_quartile_mass",
     "uniform_credit",
     "value_loss",
     "whiten",

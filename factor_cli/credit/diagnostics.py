@@ -107,3 +107,24 @@ def zero_credit_share(credit: Tensor, min_abs: float = 1e-6) -> float:
     if credit.numel() == 0:
         return float("nan")
     return float((credit.abs() < min_abs).double().mean())
+
+
+def top_quartile_mass(weight: Tensor, action_index: Tensor, num_actions: int) -> Tensor:
+    """Share of each action's allocation on its top quarter of tokens, [N_act]:
+
+        m_t = sum_{j in top ceil(L_t / 4) of rho_{t,.}} rho_{t,j}  /  sum_j rho_{t,j}
+
+    with rho_{t,j} proportional to ``weight`` [N_tok] within action t (omega_{t,j} = L_t rho_{t,j},
+    so the ratio is the same on omega). Uniform allocation gives ceil(L_t / 4) / L_t; a
+    concentrated one approaches 1. An action whose weights sum to 0 gives NaN.
+    """
+    idx = action_index.long()
+    by_weight = torch.sort(weight, descending=True, stable=True).indices
+    order = by_weight[torch.sort(idx[by_weight], stable=True).indices]  # action, then weight desc
+    length = segment_count(idx, num_actions)  # [N_act]
+    start = torch.cumsum(length, 0) - length  # first token position of each action (sorted)
+    rank = torch.arange(weight.numel(), device=weight.device) - start[idx[order]]
+    top = (rank < torch.ceil(length[idx[order]] / 4)).to(weight.dtype)
+    kept = segment_sum(weight[order] * top, idx[order], num_actions)
+    total = segment_sum(weight, idx, num_actions)
+    return torch.where(total != 0, kept / total, torch.full_like(total, float("nan")))

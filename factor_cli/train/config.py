@@ -217,6 +217,11 @@ class TranscriptConfig(Strict):
         4, ge=0, description="Root episodes of each step written to the run's transcripts."
     )
     eval: bool = Field(True, description="Also write every evaluation episode.")
+    records: bool = Field(
+        True,
+        description="Write every step's per-action and per-continuation numbers (records/, "
+        "what `factor diagnose` reads; a few KB per step).",
+    )
 
 
 class ContinuationConfig(Strict):

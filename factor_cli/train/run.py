@@ -13,6 +13,8 @@ the MLflow run's artifacts under the same name):
     progress.png *          train return and eval success by step (refreshed at every eval)
     transcripts/ *          sample episodes of every step and every eval episode
                             (:mod:`factor_cli.ledger.transcripts`)
+    records/ *              every step's per-action and per-continuation numbers
+                            (:mod:`factor_cli.rollout.action_records`; `factor diagnose`)
 
 At the end the final policy is compared with the starting one on the same items: the metrics
 ``eval_metric_start`` (step 0), ``eval_metric``, and ``eval_metric_delta`` with its 95% paired
@@ -38,9 +40,16 @@ import pandas as pd
 
 from factor_cli.atomic import atomic_target, atomic_write_text, build_lock
 from factor_cli.ledger import check_store, start_run
+from factor_cli.ledger.records import RECORDS_DIR, record_name
 from factor_cli.ledger.runs import Heartbeat
 from factor_cli.ledger.transcripts import TRANSCRIPTS_DIR, file_name, to_jsonl
 from factor_cli.policy.model import load_policy
+from factor_cli.rollout.action_records import (
+    ACTION_COLUMNS,
+    CONTINUATION_COLUMNS,
+    action_rows,
+    continuation_rows,
+)
 from factor_cli.rollout.transcripts import eval_records, step_records
 
 from . import checkpoint
@@ -274,6 +283,7 @@ def _train_steps(
         if ranks.main:
             _append_jsonl(run_dir / "metrics.jsonl", {"step": result.step, **metrics})
             _step_transcript(cfg, trainer, run, run_dir, result)
+            _step_records(cfg, run, run_dir, result)
         progress("steps", result.step, total)
         if result.step % cfg.checkpoint_every == 0 or result.step == total:
             trainer.save(run_dir, run.run_id)
@@ -306,6 +316,23 @@ def _step_transcript(
         result.step, rec.roots, rec.batch, rec.credit, rec.values, trainer.policy.tokenizer, n
     )
     _write_transcript(run, run_dir, file_name("step", result.step), to_jsonl(records))
+
+
+def _step_records(cfg: TrainConfig, run: Any, run_dir: Path, result: StepResult) -> None:
+    """The step's per-action and per-continuation records (``transcripts.records``), each
+    file written whole and logged under ``records/``."""
+    rec = result.record
+    if not cfg.transcripts.records or rec is None:
+        return
+    tables = {
+        "actions": (action_rows(result.step, rec.roots, rec.batch, rec.credit), ACTION_COLUMNS),
+        "continuations": (continuation_rows(result.step, rec.continuations), CONTINUATION_COLUMNS),
+    }
+    for kind, (rows, columns) in tables.items():
+        path = run_dir / RECORDS_DIR / record_name(kind, result.step)
+        with atomic_target(path) as out:
+            pd.DataFrame(rows, columns=list(columns)).to_csv(out, index=False)
+        run.log_artifact(path, RECORDS_DIR)
 
 
 def _record_eval(

@@ -82,14 +82,15 @@ def ensure_model(cfg: TrainConfig) -> str:
 
 @dataclass
 class StepRecord:
-    """What one step played and computed, for its transcripts: the root episodes (in packing
-    order), the packed batch, the method's credit, and V_target(x_t) per action (None when the
-    method has no value head)."""
+    """What one step played and computed, for its transcripts and diagnostic records: the root
+    episodes (in packing order), the packed batch, the method's credit, V_target(x_t) per action
+    (None when the method has no value head), and the continuations (None without them)."""
 
     roots: list[Episode]
     batch: RolloutBatch
     credit: CreditAssignment
     values: torch.Tensor | None
+    continuations: ContinuationResult | None = None
 
 
 @dataclass
@@ -471,7 +472,7 @@ class Trainer:
         return StepResult(
             k,
             {m: v for m, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))},
-            StepRecord(roots, rb, credit, self._values),
+            StepRecord(roots, rb, credit, self._values, cont),
         )
 
     # -- checkpoints ------------------------------------------------------------------------

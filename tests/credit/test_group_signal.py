@@ -45,3 +45,21 @@ def test_group_signal_matches_a_loop(rows: list[tuple[int, float]]) -> None:
         by_group.setdefault(g, []).append(a)
     expected = sum(any(abs(a) >= 1e-6 for a in v) for v in by_group.values()) / len(by_group)
     assert group_signal(a_seq, group) == expected
+
+
+def test_top_quartile_mass_worked_case_and_loop_oracle() -> None:
+    from factor_cli.credit import top_quartile_mass
+
+    # Action 0: 4 tokens, top 1 weighs 2 of 5. Action 1: 5 tokens uniform -> top 2 of 5.
+    weight = torch.tensor([1.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    index = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 1])
+    assert torch.allclose(top_quartile_mass(weight, index, 2), torch.tensor([0.4, 0.4]))
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 12, (30,), generator=gen)
+    index = torch.repeat_interleave(torch.arange(30), lengths)
+    weight = torch.rand(index.numel(), generator=gen)
+    got = top_quartile_mass(weight, index, 30)
+    for a in range(30):
+        w = weight[index == a]
+        k = -(-w.numel() // 4)
+        assert torch.isclose(got[a], w.sort(descending=True).values[:k].sum() / w.sum())

@@ -1,0 +1,163 @@
+"""``factor diagnose KIND RUN_OR_STUDY...``: the paper's mechanism evidence for recorded runs.
+
+Thin layer: read the runs' records from the ledger (:mod:`factor_cli.ledger.records`), compute
+the kind's tables (:mod:`factor_cli.stats.diagnose`), print them, and write ``<kind>.csv`` and
+``<kind>.png`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from .common import console, fail, first_line
+from .ledger import ExperimentOpt, TrackingOpt
+
+
+@dataclass(frozen=True)
+class Kind:
+    summary: str
+    tables: Callable[[Any], dict[str, Any]]
+    """Records -> named tables; the first is printed and written as ``<kind>.csv``."""
+    plot: Callable[[Any, dict[str, Any], Path], Path]
+    """(records, tables, png path) -> the PNG written."""
+
+
+def _kinds() -> dict[str, Kind]:
+    from factor_cli.stats import diagnose as d
+    from factor_cli.stats import diagnose_plots as p
+
+    def value_tables(r: Any) -> dict[str, Any]:
+        summary, curve = d.value_calibration(r.actions, r.continuations)
+        return {"value": summary, "reliability": curve}
+
+    return {
+        "coef-deviation": Kind(
+            KIND_SUMMARIES["coef-deviation"],
+            lambda r: {"coef-deviation": d.coef_deviation(r.actions)},
+            lambda r, t, out: p.coef_deviation_plot(d.credited(d.active_steps(r.actions)), out),
+        ),
+        "groups": Kind(
+            KIND_SUMMARIES["groups"],
+            lambda r: {"groups": d.group_signal(r.actions)},
+            lambda r, t, out: p.group_signal_plot(t["groups"], out),
+        ),
+        "value": Kind(
+            KIND_SUMMARIES["value"],
+            value_tables,
+            lambda r, t, out: p.value_plot(t["reliability"], out),
+        ),
+        "length-bias": Kind(
+            KIND_SUMMARIES["length-bias"],
+            lambda r: {"length-bias": d.length_bias(r.actions)},
+            lambda r, t, out: p.length_bias_plot(t["length-bias"], out),
+        ),
+        "horizon": Kind(
+            KIND_SUMMARIES["horizon"],
+            lambda r: {"horizon": d.horizon(r.actions)},
+            lambda r, t, out: p.horizon_plot(t["horizon"], out),
+        ),
+    }
+
+
+KIND_SUMMARIES = {
+    "coef-deviation": "|mean multiplier - 1| per action: median, share over 10% (Fig. 5A)",
+    "groups": "per step, groups with any non-zero A^seq and zero-credit actions",
+    "value": "value head against continuation returns: MSE, r, reliability (Table 17)",
+    "length-bias": "surrogate weight by action length, token- vs action-mean (Table 24)",
+    "horizon": "success by trajectory length (Table 26)",
+}
+NOT_YET = ("td-sign", "token-perturb", "feedback", "compare")
+"""Kinds of issue 28 that replay models or environments; not built yet."""
+
+
+def _steps(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    lo, sep, hi = text.partition(":")
+    try:
+        first, last = int(lo) if lo else 1, int(hi) if hi else 10**9
+    except ValueError:
+        fail(f"--steps {text!r}: expected A:B (e.g. 5:12, 5: or :12)")
+    if not sep or first < 1 or last < first:
+        fail(f"--steps {text!r}: expected A:B with 1 <= A <= B (e.g. 5:12, 5: or :12)")
+    return first, last
+
+
+def _print(name: str, table: Any) -> None:
+    out = Table(title=name, title_justify="left")
+    for col in table.columns:
+        out.add_column(str(col), justify="left" if table[col].dtype == object else "right")
+    for row in table.itertuples(index=False):
+        out.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row))
+    console.print(out)
+
+
+def diagnose_cmd(
+    kind: Annotated[str, typer.Argument(help="What to compute: " + ", ".join(KIND_SUMMARIES))],
+    targets: Annotated[
+        list[str], typer.Argument(help="Ledger run ids (unique prefixes) or study names.")
+    ],
+    steps: Annotated[
+        str | None,
+        typer.Option("--steps", help="Training steps A:B (inclusive; A: or :B open-ended)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the tables as JSON.")] = False,
+    out: Annotated[Path, typer.Option("--out", help="Folder for KIND.csv and KIND.png.")] = Path(
+        "diagnostics"
+    ),
+    tracking_uri: TrackingOpt = None,
+    experiment: ExperimentOpt = "factor",
+) -> None:
+    """The paper's mechanism diagnostics, computed from the per-action records every training
+    run writes (`transcripts.records`), pooled over the runs given (a study: all its training
+    runs), grouped by method.
+
+    Kinds:
+
+    - **coef-deviation**: |mean multiplier - 1| per action over the teacher-active steps (paper
+      Fig. 5A, Table 18): FACTOR's is 0 to float precision, SERL's is not.
+    - **groups**: the share of groups whose outcome gives any signal, and of zero-credit
+      actions, per step.
+    - **value**: V_target(x_t) against the mean continuation return from x_t (Table 17).
+    - **length-bias**: mean surrogate weight by action length under both reductions (Table 24).
+    - **horizon**: training success by trajectory length (Table 26).
+
+    td-sign, token-perturb, feedback and compare (issue 28) replay models or environments and
+    are not built yet.
+    """
+    kinds = _kinds()
+    if kind in NOT_YET:
+        fail(f"diagnose {kind}: not built yet (it replays models or environments); "
+             f"available: {', '.join(kinds)}")  # fmt: skip
+    if kind not in kinds:
+        fail(f"unknown diagnostic {kind!r}; available: {', '.join(kinds)}")
+    window = _steps(steps)
+    if out.exists() and not out.is_dir():
+        fail(f"--out {out}: exists and is not a folder")
+    from factor_cli.ledger import LedgerError
+    from factor_cli.ledger.records import load_records
+
+    try:
+        records = load_records(targets, window, tracking_uri, experiment)
+        tables = kinds[kind].tables(records)
+    except (LedgerError, ValueError) as exc:
+        fail(f"diagnose {kind}: {first_line(exc)}")
+    out.mkdir(parents=True, exist_ok=True)
+    first = next(iter(tables.values()))
+    first.to_csv(out / f"{kind}.csv", index=False)
+    png = kinds[kind].plot(records, tables, out / f"{kind}.png")
+    if as_json:
+        payload = {name: json.loads(t.to_json(orient="records")) for name, t in tables.items()}
+        console.print_json(json.dumps(payload))
+        return
+    for name, table in tables.items():
+        _print(name, table)
+    console.print(f"{len(records.runs)} run(s); wrote {out / f'{kind}.csv'} and {png}",
+                  highlight=False)  # fmt: skip

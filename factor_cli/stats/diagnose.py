@@ -1,0 +1,147 @@
+"""The paper's mechanism diagnostics as tables over recorded actions (``factor diagnose``).
+
+Every function takes the per-action frame of :mod:`factor_cli.rollout.action_records` (plus the
+run columns ``run_id``, ``method``, ``env``, ``seed``) and returns a table, one row per method
+(or per method and bucket), pooled over runs. No I/O.
+
+- :func:`coef_deviation`: |w-bar_t - 1| per action (paper Fig. 5A, Table 18): its median and the
+  share of actions over 10%, over the actions with non-zero credit of the teacher-active
+  steps.
+- :func:`group_signal`: per step, the share of groups with any non-zero A^seq and of actions with
+  zero credit.
+- :func:`value_calibration`: V_target(x_t) against the mean Monte-Carlo return of the
+  continuations from x_t (Table 17): MSE, Pearson correlation, and a reliability curve.
+- :func:`length_bias`: mean pre-clipping surrogate weight per token-count bucket under token-mean
+  (L_t w-bar_t / L-bar) and action-mean (w-bar_t) (Table 24).
+- :func:`horizon`: success by trajectory-length bucket (Table 26).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+DEVIATION_THRESHOLD = 0.10
+"""The paper's "share of actions over 10%" line of Table 18."""
+LENGTH_EDGES = (6, 10, 16)
+"""Upper edges of the paper's token-count quartiles: Q1 <= 6, Q2 7-10, Q3 11-16, Q4 >= 17."""
+HORIZON_EDGES = (3, 6, 9)
+"""Upper edges of the trajectory-length buckets (actions): <= 3, 4-6, 7-9, >= 10."""
+RELIABILITY_BINS = 5
+MIN_ABS = 1e-6
+
+
+def _buckets(values: pd.Series, edges: tuple[int, ...]) -> pd.Series:
+    """Label of each value's bucket: '1-6', '7-10', '11-16', '>=17' for edges (6, 10, 16)."""
+    lo = [1, *[e + 1 for e in edges]]
+    labels = [f"{lo[i]}-{e}" for i, e in enumerate(edges)] + [f">={lo[-1]}"]
+    index = np.searchsorted(np.asarray(edges), values.to_numpy(), side="left")
+    return pd.Series(pd.Categorical.from_codes(index, labels, ordered=True), index=values.index)
+
+
+def active_steps(actions: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the teacher-active steps (allocation strength eta_k or alpha_k > 0) of each
+    run, or all of a run's rows when it has none (a method without a teacher)."""
+    on = actions["strength"] > 0
+    return actions[on | ~on.groupby(actions["run_id"]).transform("any")]
+
+
+def credited(actions: pd.DataFrame) -> pd.DataFrame:
+    """The actions with |A_t| >= 1e-6."""
+    return actions[actions["credit"].abs() >= MIN_ABS]
+
+
+def coef_deviation(actions: pd.DataFrame) -> pd.DataFrame:
+    """Per method: actions, median |w-bar_t - 1|, mean, and the share over 10%, over the actions
+    with non-zero credit of the active steps (an action with A_t = 0 contributes nothing to the
+    loss, and SERL's multiplier is exactly 1 there)."""
+    a = credited(active_steps(actions)).assign(dev=lambda f: (f["wbar"] - 1.0).abs())
+    g = a.groupby("method")["dev"]
+    return pd.DataFrame(
+        {
+            "actions": g.size(),
+            "median": g.median(),
+            "mean": g.mean(),
+            "share_over_10pct": g.apply(lambda d: float((d > DEVIATION_THRESHOLD).mean())),
+        }
+    ).reset_index()
+
+
+def group_signal(actions: pd.DataFrame) -> pd.DataFrame:
+    """Per method and step (pooled over runs): groups, share with any |A^seq| >= 1e-6, and the
+    share of actions with |A_t| < 1e-6."""
+    traj = actions.drop_duplicates(["run_id", "step", "traj"])
+    groups = (
+        traj.assign(sig=traj["a_seq"].abs() >= MIN_ABS)
+        .groupby(["method", "step", "run_id", "group"])["sig"]
+        .any()
+        .groupby(["method", "step"])
+    )
+    zero = (actions["credit"].abs() < MIN_ABS).groupby([actions["method"], actions["step"]])
+    return pd.DataFrame(
+        {"groups": groups.size(), "group_signal": groups.mean(), "zero_credit": zero.mean()}
+    ).reset_index()
+
+
+def value_calibration(
+    actions: pd.DataFrame, continuations: pd.DataFrame, bins: int = RELIABILITY_BINS
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(summary, reliability). Each checkpoint state x_t with continuations is one point:
+    prediction V_target(x_t) (the action row's ``value``), target the mean of its continuations'
+    returns. Summary per method: states, MSE, Pearson r (NaN when either side is constant).
+    Reliability per method and prediction bin (equal width over the predictions' range): mean
+    prediction, mean target, states."""
+    keys = ["run_id", "step", "traj", "turn"]
+    target = continuations.groupby(keys)["target"].mean().rename("target").reset_index()
+    points = actions.dropna(subset=["value"]).merge(target, on=keys)[["method", "value", "target"]]
+    points = points.astype({"value": float, "target": float})
+    if points.empty:
+        raise ValueError("no state has both a value and continuations")
+
+    def summary(p: pd.DataFrame) -> pd.Series:
+        v, y = p["value"].to_numpy(), p["target"].to_numpy()
+        r = np.corrcoef(v, y)[0, 1] if len(p) > 1 and v.std() > 0 and y.std() > 0 else np.nan
+        return pd.Series({"states": len(p), "mse": float(np.mean((v - y) ** 2)), "pearson": r})
+
+    table = points.groupby("method")[["value", "target"]].apply(summary).reset_index()
+    lo, hi = points["value"].min(), points["value"].max()
+    width = (hi - lo) / bins if hi > lo else 1.0
+    points["bin"] = np.minimum(((points["value"] - lo) / width).astype(int), bins - 1)
+    curve = (
+        points.groupby(["method", "bin"])
+        .agg(prediction=("value", "mean"), target=("target", "mean"), states=("value", "size"))
+        .reset_index()
+    )
+    return table, curve
+
+
+def length_bias(actions: pd.DataFrame, edges: tuple[int, ...] = LENGTH_EDGES) -> pd.DataFrame:
+    """Per method and token-count bucket: actions, mean surrogate weight under action-mean
+    (w-bar_t) and token-mean (L_t w-bar_t / L-bar, L-bar the mean L_t of the run's step)."""
+    mean_len = actions.groupby(["run_id", "step"])["length"].transform("mean")
+    a = actions.assign(
+        bucket=_buckets(actions["length"], edges),
+        action_mean=actions["wbar"],
+        token_mean=actions["length"] * actions["wbar"] / mean_len,
+    )
+    return (
+        a.groupby(["method", "bucket"], observed=True)
+        .agg(
+            actions=("wbar", "size"),
+            action_mean=("action_mean", "mean"),
+            token_mean=("token_mean", "mean"),
+        )
+        .reset_index()
+    )
+
+
+def horizon(actions: pd.DataFrame, edges: tuple[int, ...] = HORIZON_EDGES) -> pd.DataFrame:
+    """Per method and trajectory-length bucket (T_i actions): trajectories and success rate of
+    the recorded training episodes."""
+    traj = actions.drop_duplicates(["run_id", "step", "traj"])
+    traj = traj.assign(bucket=_buckets(traj["turns"], edges))
+    return (
+        traj.groupby(["method", "bucket"], observed=True)
+        .agg(trajectories=("success", "size"), success=("success", "mean"))
+        .reset_index()
+    )

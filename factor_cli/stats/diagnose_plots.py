@@ -1,0 +1,85 @@
+"""One PNG per ``factor diagnose`` kind, from the tables of :mod:`factor_cli.stats.diagnose`
+(matplotlib's object API on the Agg canvas, as :mod:`factor_cli.stats.plots`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .plots import _figure, _save
+
+
+def _bars(table: pd.DataFrame, x: str, ys: list[str], title: str, ylabel: str, out: Path) -> Path:
+    """Grouped bars of columns ``ys`` per value of ``x``, one panel per method side by side."""
+    methods = list(dict.fromkeys(table["method"]))
+    _, ax = _figure(6.4 + 1.2 * max(len(methods) - 1, 0), 4.0)
+    labels = [f"{m}\n{v}" for m, v in zip(table["method"], table[x])]
+    pos = np.arange(len(table))
+    width = 0.8 / len(ys)
+    for i, y in enumerate(ys):
+        ax.bar(pos + (i - (len(ys) - 1) / 2) * width, table[y].to_numpy(float), width, label=y)
+    ax.set_xticks(pos, labels, fontsize=7)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if len(ys) > 1:
+        ax.legend()
+    return _save(ax.figure, out)
+
+
+def coef_deviation_plot(actions: pd.DataFrame, out: Path) -> Path:
+    """Histogram of |w-bar_t - 1| per method (log-spaced bins; 0 drawn at the left edge)."""
+    fig, ax = _figure()
+    floor = 1e-8
+    for method, g in actions.groupby("method"):
+        dev = np.maximum((g["wbar"] - 1.0).abs().to_numpy(), floor)
+        ax.hist(dev, bins=np.logspace(-8, 1, 46), histtype="step", label=str(method))
+    ax.set_xscale("log")
+    ax.axvline(0.10, color="grey", linestyle="--", linewidth=0.8)
+    ax.set_xlabel("|mean multiplier - 1| per action (values below 1e-8 drawn at 1e-8)")
+    ax.set_ylabel("actions")
+    ax.set_title("Coefficient deviation (paper Fig. 5A)")
+    ax.legend()
+    return _save(fig, out)
+
+
+def group_signal_plot(table: pd.DataFrame, out: Path) -> Path:
+    fig, ax = _figure()
+    for method, g in table.groupby("method"):
+        ax.plot(g["step"], g["group_signal"], marker="o", label=f"{method}: groups with signal")
+        ax.plot(g["step"], g["zero_credit"], linestyle="--", label=f"{method}: zero-credit actions")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("share")
+    ax.set_title("The signal RL gets")
+    ax.legend(fontsize=7)
+    return _save(fig, out)
+
+
+def value_plot(curve: pd.DataFrame, out: Path) -> Path:
+    fig, ax = _figure()
+    lo = float(min(curve["prediction"].min(), curve["target"].min(), 0.0))
+    hi = float(max(curve["prediction"].max(), curve["target"].max(), 1.0))
+    ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8, label="calibrated")
+    for method, g in curve.groupby("method"):
+        ax.plot(g["prediction"], g["target"], marker="o", label=str(method))
+    ax.set_xlabel("V_target(x_t), bin mean")
+    ax.set_ylabel("continuation return, bin mean")
+    ax.set_title("Value-head reliability (paper Table 17)")
+    ax.legend()
+    return _save(fig, out)
+
+
+def length_bias_plot(table: pd.DataFrame, out: Path) -> Path:
+    return _bars(
+        table, "bucket", ["token_mean", "action_mean"],
+        "Surrogate weight by action length (paper Table 24)", "mean weight", out,
+    )  # fmt: skip
+
+
+def horizon_plot(table: pd.DataFrame, out: Path) -> Path:
+    return _bars(
+        table, "bucket", ["success"],
+        "Success by trajectory length in actions (paper Table 26)", "success rate", out,
+    )  # fmt: skip

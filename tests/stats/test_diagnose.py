@@ -1,0 +1,108 @@
+"""The diagnose tables on hand-computable record frames (exact numbers)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from factor_cli.stats import diagnose as d
+
+
+def frame(rows: list[dict]) -> pd.DataFrame:
+    base = {"run_id": "r1", "method": "m", "env": "twx", "seed": "1", "step": 1, "group": 0,
+            "turn": 0, "turns": 1, "length": 4, "success": 0, "a_seq": 0.0, "credit": 0.0,
+            "value": float("nan"), "wbar": 1.0, "strength": 0.5}  # fmt: skip
+    return pd.DataFrame([{**base, **r} for r in rows])
+
+
+def test_coef_deviation_counts_credited_actions_of_active_steps() -> None:
+    acts = frame(
+        [
+            # step 1: allocation active (one w-bar != 1); three credited actions, one not
+            {"traj": 0, "wbar": 1.05, "credit": 0.5},
+            {"traj": 0, "wbar": 1.20, "credit": -0.5},
+            {"traj": 1, "wbar": 0.70, "credit": 0.1},
+            {"traj": 1, "wbar": 1.50, "credit": 0.0},
+            # step 2: the teacher is off (strength 0) -> left out
+            {"traj": 0, "step": 2, "wbar": 1.3, "credit": 0.3, "strength": 0.0},
+        ]
+    )
+    row = d.coef_deviation(acts).iloc[0]
+    assert row["actions"] == 3
+    assert row["median"] == pytest.approx(0.20)
+    assert row["mean"] == pytest.approx((0.05 + 0.20 + 0.30) / 3)
+    assert row["share_over_10pct"] == pytest.approx(2 / 3)
+
+
+def test_coef_deviation_of_a_mean_preserving_method_is_zero() -> None:
+    acts = frame([{"traj": t, "credit": 0.1 * (t + 1), "wbar": 1.0} for t in range(4)])
+    row = d.coef_deviation(acts).iloc[0]
+    assert (row["actions"], row["median"], row["share_over_10pct"]) == (4, 0.0, 0.0)
+
+
+def test_group_signal_per_step() -> None:
+    acts = frame(
+        [
+            {"traj": 0, "group": 0, "a_seq": 0.5, "credit": 0.5},
+            {"traj": 1, "group": 0, "a_seq": -0.5, "credit": 0.0},
+            {"traj": 2, "group": 1, "a_seq": 0.0, "credit": 0.0},
+            {"traj": 2, "group": 1, "turn": 1, "a_seq": 0.0, "credit": 0.2},
+        ]
+    )
+    row = d.group_signal(acts).iloc[0]
+    assert (row["groups"], row["group_signal"], row["zero_credit"]) == (2, 0.5, 0.5)
+
+
+def test_value_calibration_exact() -> None:
+    acts = frame(
+        [
+            {"traj": 0, "turn": 0, "value": 0.0},
+            {"traj": 0, "turn": 1, "value": 1.0},
+            {"traj": 1, "turn": 0, "value": 0.5},  # no continuation from here: left out
+        ]
+    )
+    conts = pd.DataFrame(
+        {
+            "run_id": "r1",
+            "step": 1,
+            "traj": [0, 0, 0, 0],
+            "turn": [0, 0, 1, 1],
+            "target": [0.0, 1.0, 1.0, 1.0],
+        }
+    )
+    summary, curve = d.value_calibration(acts, conts, bins=2)
+    row = summary.iloc[0]
+    assert row["states"] == 2
+    assert row["mse"] == pytest.approx(((0.0 - 0.5) ** 2 + 0.0) / 2)
+    assert row["pearson"] == pytest.approx(1.0)
+    assert curve[["prediction", "target", "states"]].values.tolist() == [
+        [0.0, 0.5, 1],
+        [1.0, 1.0, 1],
+    ]
+    with pytest.raises(ValueError, match="no state has both"):
+        d.value_calibration(acts.assign(value=float("nan")), conts)
+
+
+def test_length_bias_token_mean_grows_action_mean_does_not() -> None:
+    acts = frame([{"traj": 0, "turn": t, "length": n} for t, n in enumerate((2, 6, 12, 20))])
+    table = d.length_bias(acts).set_index("bucket")
+    mean_len = (2 + 6 + 12 + 20) / 4
+    assert list(table.index) == ["1-6", "11-16", ">=17"]
+    assert table.loc["1-6", "token_mean"] == pytest.approx((2 + 6) / 2 / mean_len)
+    assert table.loc[">=17", "token_mean"] == pytest.approx(20 / mean_len)
+    assert (table["action_mean"] == 1.0).all()
+
+
+def test_horizon_buckets_trajectories_once() -> None:
+    acts = frame(
+        [
+            {"traj": 0, "turns": 2, "turn": 0, "success": 1},
+            {"traj": 0, "turns": 2, "turn": 1, "success": 1},
+            {"traj": 1, "turns": 3, "success": 0},
+            {"traj": 2, "turns": 12, "success": 0},
+        ]
+    )
+    table = d.horizon(acts).set_index("bucket")
+    assert table.loc["1-3", "trajectories"] == 2
+    assert table.loc["1-3", "success"] == 0.5
+    assert table.loc[">=10", "success"] == 0.0

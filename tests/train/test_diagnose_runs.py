@@ -1,0 +1,90 @@
+"""`factor diagnose` on real tiny runs: FACTOR and SERL-Repro train 2 steps each with the teacher
+active, write their per-action records, and every built diagnostic reads them back from the
+ledger (one run, and the study), prints a table and writes its CSV and PNG; bad input is one
+line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from test_train import needs_twx, tiny_overrides
+from typer.testing import CliRunner
+
+from factor_cli.cli.main import app
+from factor_cli.train.config import load_config
+
+pytestmark = needs_twx
+runner = CliRunner()
+KINDS = ("coef-deviation", "groups", "value", "length-bias", "horizon")
+
+
+@pytest.fixture(scope="module")
+def study(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    from factor_cli.train.run import train
+
+    tmp = tmp_path_factory.mktemp("diagnose")
+    ids = {}
+    for method in ("factor", "serl-repro", "grpo"):
+        overrides = [
+            *tiny_overrides(tiny_model_dir, tmp, method, steps=2),
+            "study=diag",
+            "credit.warmup_steps=0",
+            # Three rooms, constrained replies, 8 episodes a step: the untrained model wins some
+            # and loses some, so groups carry signal and SERL's multiplier moves.
+            "env.options.params.coin=numLocations=3,numDistractorItems=0,includeDoors=0",
+            "rollout.valid_action_decoding=true",
+            "rollout.groups=2",
+            "rollout.k=4",
+            "eval.start=false",
+            *(["transcripts.records=false"] if method == "grpo" else []),
+        ]
+        ids[method] = train(load_config("smoke", overrides), lambda *a: None, print).run_id
+    return {"uri": f"sqlite:///{tmp / 'mlflow.db'}", "out": str(tmp / "out"), **ids}
+
+
+def diagnose(study: dict[str, str], *args: str):
+    return runner.invoke(
+        app, ["diagnose", *args, "--tracking-uri", study["uri"], "--out", study["out"]],
+        env={"COLUMNS": "200"},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_on_one_run_and_on_two(study: dict[str, str], kind: str) -> None:
+    for targets in ([study["factor"][:10]], [study["factor"], study["serl-repro"]]):
+        res = diagnose(study, kind, *targets)
+        assert res.exit_code == 0, res.output
+        assert kind in res.output and f"{len(targets)} run(s)" in res.output
+        table = pd.read_csv(Path(study["out"]) / f"{kind}.csv")
+        assert not table.empty
+        assert (Path(study["out"]) / f"{kind}.png").stat().st_size > 1000
+        assert set(table["method"]) <= (
+            {"factor"} if len(targets) == 1 else {"factor", "serl-repro"}
+        )
+
+
+def test_factor_conserves_the_mean_multiplier_serl_does_not(study: dict[str, str]) -> None:
+    res = diagnose(study, "coef-deviation", study["factor"], study["serl-repro"], "--json")
+    assert res.exit_code == 0, res.output
+    table = pd.read_csv(Path(study["out"]) / "coef-deviation.csv").set_index("method")
+    assert table.loc["factor", "median"] < 1e-6
+    assert table.loc["serl-repro", "mean"] > 1e-6
+
+
+def test_bad_input_is_one_line(study: dict[str, str]) -> None:
+    cases = {
+        ("value", "ffffffffff"): "no run id starts with it",
+        ("value", "no-such-study"): "no run id or study of that name",
+        ("value", study["grpo"]): "no diagnostic records",
+        ("value", study["factor"], "--steps", "7:9"): "no recorded step in 7:9",
+        ("value", study["factor"], "--steps", "3:1"): "expected A:B",
+        ("nonsense", study["factor"]): "unknown diagnostic 'nonsense'",
+        ("td-sign", study["factor"]): "not built yet",
+    }
+    for args, message in cases.items():
+        res = diagnose(study, *args)
+        assert res.exit_code == 1, (args, res.output)
+        lines = [line for line in res.output.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], lines
