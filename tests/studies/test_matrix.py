@@ -157,7 +157,27 @@ def served(matrix: Matrix) -> list[tuple[str, str, int]]:
 
 
 def test_shipped_specs_are_the_papers_studies_and_ci() -> None:
-    assert shipped_specs() == sorted([*TABLES, "ci"])
+    assert shipped_specs() == sorted([*TABLES, "ci", "mini"])
+
+
+def test_mini_replication_fixes_its_protocol() -> None:
+    """Issue 29's study: 3 methods x 2 horizons (rooms and turn limit zipped) x 5 seeds on the
+    smoke base, the paper's B = 2, M = 4, every cell valid."""
+    spec, path = load_spec("mini")
+    matrix = expand(spec, path)
+    assert len(matrix.cells) == 30 and all(c.error is None for c in matrix.cells)
+    seen = Counter()
+    for cell in matrix.cells:
+        cfg = cell.config
+        rooms = cfg.env.options["params"]["coin"].split(",")[0]
+        seen[(cfg.method, rooms, cfg.env.max_turns)] += 1
+        assert (cfg.continuations.budget, cfg.continuations.per_checkpoint) == (2, 4)
+        assert (cfg.steps, cfg.eval.max_items, cfg.reduction) == (12, 100, "action-mean")
+    assert seen == {
+        (m, rooms, turns): 5
+        for m in ("grpo", "serl-repro", "factor")
+        for rooms, turns in (("numLocations=3", 6), ("numLocations=6", 12))
+    }
 
 
 @pytest.mark.parametrize("name", TABLES)

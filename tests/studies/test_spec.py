@@ -17,7 +17,10 @@ import pytest
 from factor_cli.studies.spec import SpecError, StudySpec, load_spec, shipped_specs, studies_dir
 from factor_cli.train.config import ConfigError
 
-SHIPPED = ["ablations", "budget", "ci", "estimators", "main", "protocol", "sensitivity", "transfer"]
+SHIPPED = [
+    "ablations", "budget", "ci", "estimators", "main", "mini", "protocol", "sensitivity",
+    "transfer",
+]  # fmt: skip
 
 MINIMAL = """\
 name: tiny
