@@ -55,7 +55,7 @@ from factor_cli.rollout.transcripts import eval_records, step_records
 from . import checkpoint
 from .config import TrainConfig
 from .distributed import Ranks, init_distributed
-from .evaluate import Comparison, Evaluation, evaluate, metric, paired_comparison, play_evaluation
+from .evaluate import Comparison, Evaluation, metric, paired_comparison, play_evaluation
 from .prompts import prompt_format
 from .sft import (
     TAG_DATA,
@@ -496,7 +496,9 @@ def evaluate_checkpoint(
     success) and the artifact ``items/eval_items.csv`` (the statistics schema, as a training
     run's final evaluation). Items are also written to
     ``<output_dir>/evals/<ledger run id>/eval_items_<env>.csv``, one folder per evaluation so
-    concurrent ones never share a file, and to ``out`` when given. An exception closes the run
+    concurrent ones never share a file, and to ``out`` when given. With ``transcripts.eval``
+    every episode goes to ``transcripts/eval-000000.jsonl`` in that folder and the run's
+    artifacts (``factor ledger show RUN --eval`` reads it). An exception closes the run
     FAILED, Ctrl-C or SIGTERM KILLED.
 
     Args:
@@ -538,9 +540,15 @@ def evaluate_checkpoint(
     ) as run:
         if on_run is not None:
             on_run(run.run_id)
-        items = _greedy_items(cfg, model_dir, progress, split)
+        ev, tokenizer = _greedy_play(cfg, model_dir, progress, split)
+        items = ev.items
         value = metric(items)
-        local = Path(cfg.output_dir) / EVALS_DIR / run.run_id / f"eval_items_{cfg.env.name}.csv"
+        folder = Path(cfg.output_dir) / EVALS_DIR / run.run_id
+        local = folder / f"eval_items_{cfg.env.name}.csv"
+        if cfg.transcripts.eval:  # every episode, as a training run's evaluations
+            categories = items["category"].astype(str).tolist()
+            records = eval_records(0, ev.episodes, categories, tokenizer)
+            _write_transcript(run, folder, file_name("eval", 0), to_jsonl(records))
         for path in (local, out):
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -572,10 +580,11 @@ def _run_id_of(model_dir: Path) -> str | None:
     return parent if model_dir.name == "model" and is_run_id else None
 
 
-def _greedy_items(
+def _greedy_play(
     cfg: TrainConfig, model_dir: Path, progress: Progress, split: str
-) -> pd.DataFrame:
-    """Load the model, play every instance of ``split`` greedily, release the backend."""
+) -> tuple[Evaluation, Any]:
+    """Load the model, play every instance of ``split`` greedily, release the backend; the
+    evaluation and the tokenizer (for its transcript)."""
     from factor_cli.policy.generation import BACKENDS
 
     policy = load_policy(str(model_dir), cfg.model.dtype, cfg.model.device)
@@ -586,8 +595,9 @@ def _greedy_items(
         prefix_reuse=cfg.rollout.prefix_reuse,
     )
     try:
-        return evaluate(
+        ev = play_evaluation(
             gen, cfg, cfg.method, on_turn=lambda i, n: progress("eval", i, n), split=split
         )
+        return ev, policy.tokenizer
     finally:
         gen.close()

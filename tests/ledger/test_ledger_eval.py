@@ -80,6 +80,11 @@ def test_eval_is_a_ledger_run_with_its_own_files(
             pd.read_csv(artifact, dtype={"item_id": str}), items[COLUMNS], check_dtype=False
         )
     assert first["path"] == str(out) and out.read_text() == Path(first["items_path"]).read_text()
+    # Every episode is in the eval's transcript, which `factor ledger show --eval` reads back.
+    shown = runner.invoke(app, ["ledger", "show", first["run_id"][:12], "--eval", "--episode",
+                                "1", "--tracking-uri", uri], env={"COLUMNS": "200"})  # fmt: skip
+    assert shown.exit_code == 0, shown.output
+    assert "eval" in shown.output and items["item_id"].iloc[1] in shown.output
     assert not list(tiny_model_dir.parent.glob("eval_items_*.csv"))  # nothing beside the model
     with pytest.raises(LedgerError, match="2 finished runs share"):  # same checkpoint, split
         export_items(cfg.study, uri, kind="eval")
@@ -139,7 +144,7 @@ def test_failed_or_interrupted_eval_is_closed(
     def play(*args, **kwargs):
         raise raised
 
-    monkeypatch.setattr(run_mod, "_greedy_items", play)
+    monkeypatch.setattr(run_mod, "_greedy_play", play)
     res = runner.invoke(app, ["eval", "--run", "ab" * 16, *_sets_fake(tmp_path, uri)])
     assert res.exit_code == exit_code, res.output
     (run,) = runs_table(None, uri).itertuples()
