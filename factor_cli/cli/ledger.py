@@ -127,12 +127,18 @@ def report_cmd(
         fail(str(exc))
     summary = summarize(runs)
     unfinished = runs[runs["status"] != "FINISHED"]
+    from factor_cli.ledger.report import version_warnings
+
+    differ = version_warnings(study, uri, experiment)
+    for line in differ:
+        warn(line)
     if as_json:
         payload = {
             "tracking_uri": uri,
             "study": study,
             "summary": _records(summary),
             "unfinished_runs": _records(unfinished),
+            "version_differences": differ,
         }
         typer.echo(json.dumps(payload, indent=2))
         return

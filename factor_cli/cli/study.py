@@ -437,10 +437,18 @@ def report_cmd(
 
     from .study_report import render
 
+    from factor_cli.ledger import LedgerError
+    from factor_cli.ledger.report import version_warnings
+
     matrix = _matrix(spec, **matrix_opts)
     states = _states(matrix)
     results = gather(matrix, states)
     report = build_report(matrix, results, seed=seed, resamples=resamples)
+    try:
+        for line in version_warnings(matrix.spec.name, matrix.tracking_uri):
+            warn(line)
+    except LedgerError:  # no ledger yet: the report itself says which cells are missing
+        pass
     folder = Path(out) if out else project_root() / "ledger" / "reports" / matrix.spec.name
     files = write_report(report, folder)
     render(report, console)

@@ -11,6 +11,9 @@
   manifests (:func:`factor_cli.resources.splits_dir`) unless another lock file is named.
 * hardware: GPU count (``torch.cuda.device_count()``) and name, CPU cores available to the
   process.
+* versions: of torch, transformers, DeepSpeed, vLLM, MLflow and the environments' packages,
+  Python, the platform and Java (:func:`versions`); :func:`version_conflicts` names what differs
+  between runs that a report compares.
 """
 
 from __future__ import annotations
@@ -203,3 +206,50 @@ def hardware() -> Hardware:
     except Exception:  # no torch, or a broken CUDA set-up: report no GPU rather than fail
         gpus, name = 0, ""
     return Hardware(gpus, name, cpu_cores())
+
+
+VERSIONED = (
+    "torch", "transformers", "deepspeed", "vllm", "mlflow",
+    "textworld-express", "scienceworld", "alfworld",
+)  # fmt: skip
+"""Distributions whose version a result may depend on (environments first among them: an
+environment upgrade can change every success rate without a line of ours changing)."""
+VERSION_TAG = "version."
+
+
+def versions() -> dict[str, str]:
+    """``version.<name>`` tags: each of :data:`VERSIONED` (``absent`` when not installed), the
+    Python version, the platform, and the Java runtime (``java -version``'s first line, or
+    ``absent``). Read from the installed metadata: nothing is imported."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str] = {}
+    for name in VERSIONED:
+        try:
+            out[VERSION_TAG + name] = version(name)
+        except PackageNotFoundError:
+            out[VERSION_TAG + name] = "absent"
+    out[VERSION_TAG + "python"] = sys.version.split()[0]
+    out[VERSION_TAG + "platform"] = sys.platform + "-" + os.uname().machine
+    out[VERSION_TAG + "java"] = _java_version()
+    return out
+
+
+def _java_version() -> str:
+    try:
+        proc = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return "absent"
+    lines = (proc.stderr or proc.stdout).strip().splitlines()
+    return lines[0].strip() if proc.returncode == 0 and lines else "absent"
+
+
+def version_conflicts(tags: list[Mapping[str, str]]) -> dict[str, list[str]]:
+    """For runs' tags, each ``version.<name>`` recorded with more than one value: name -> the
+    values, sorted. Runs that predate the tags are left out of the comparison."""
+    seen: dict[str, set[str]] = {}
+    for t in tags:
+        for key, value in t.items():
+            if key.startswith(VERSION_TAG):
+                seen.setdefault(key[len(VERSION_TAG) :], set()).add(value)
+    return {name: sorted(values) for name, values in sorted(seen.items()) if len(values) > 1}

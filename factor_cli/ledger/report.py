@@ -238,6 +238,27 @@ def report(
     return summarize(runs_table(study, tracking_uri, experiment))
 
 
+def version_warnings(
+    study: str | None = None,
+    tracking_uri: str | None = None,
+    experiment: str = DEFAULT_EXPERIMENT,
+) -> list[str]:
+    """One line per package or runtime whose recorded version differs between the runs of
+    ``study`` (all runs when None), naming the values (:func:`provenance.version_conflicts`)."""
+    from .provenance import version_conflicts
+
+    _, client, exp_id = _open(tracking_uri, experiment)
+    if exp_id is None:
+        return []
+    filt = f"tags.study = {_quote(study)}" if study is not None else ""
+    conflicts = version_conflicts([r.data.tags for r in _search(client, exp_id, filt)])
+    where = f"study {study}" if study is not None else "the ledger"
+    return [
+        f"the runs of {where} differ in {name}: {', '.join(values)}; results may not compare"
+        for name, values in conflicts.items()
+    ]
+
+
 def export_items(
     study: str | None,
     tracking_uri: str | None = None,

@@ -516,6 +516,7 @@ def _provenance_tags(
     }
     if git.diff:
         tags["git_diff_sha256"] = git.diff_sha256
+    tags.update(prov.versions())
     for name, digest in prov.split_digests(splits_lock).items():
         tags[f"split.{name}"] = digest
     return tags, git

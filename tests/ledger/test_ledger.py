@@ -488,3 +488,41 @@ def test_export_keeps_training_and_evaluation_runs_apart(uri: str) -> None:
     assert set(evals["evaluated_run"]) == {train.run_id}
     with pytest.raises(LedgerError, match="unknown run kind 'sft'"):
         export_items("main", uri, kind="sft")
+
+
+# ----------------------------------------------------------------------------- versions
+
+
+def test_runs_record_versions_and_reports_name_what_differs(
+    uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from factor_cli.ledger import provenance as prov
+
+    with _start(uri) as run:
+        first = run.run_id
+    tags = MlflowClient(uri).get_run(first).data.tags
+    for name in (*prov.VERSIONED, "python", "platform", "java"):
+        assert tags[f"version.{name}"], name
+    assert tags["version.python"] == sys.version.split()[0]
+    res = runner.invoke(app, ["ledger", "report", "--tracking-uri", uri])
+    assert res.exit_code == 0 and "differ in" not in res.output
+    real = prov.versions()
+    monkeypatch.setattr(prov, "versions", lambda: {**real, "version.textworld-express": "9.9"})
+    with _start(uri, seed=1):
+        pass
+    res = runner.invoke(app, ["ledger", "report", "--tracking-uri", uri, "--json"])
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.output[res.output.index("{") :])
+    (line,) = payload["version_differences"]
+    assert (
+        "differ in textworld-express: 1.1.0, 9.9" in line or "differ in textworld-express" in line
+    )
+
+
+def test_version_conflicts_ignores_runs_without_the_tags() -> None:
+    from factor_cli.ledger.provenance import version_conflicts
+
+    got = version_conflicts(
+        [{"version.torch": "2.13.0", "version.python": "3.11"}, {"version.torch": "2.12.0"}, {}]
+    )
+    assert got == {"torch": ["2.12.0", "2.13.0"]}
