@@ -431,14 +431,13 @@ def report_cmd(
     written as Markdown, CSV and PNG under ledger/reports/STUDY/ and printed."""
     from pathlib import Path
 
+    from factor_cli.ledger import LedgerError
+    from factor_cli.ledger.report import version_warnings
     from factor_cli.ledger.store import project_root
     from factor_cli.studies.report import build_report, write_report
     from factor_cli.studies.results import gather
 
     from .study_report import render
-
-    from factor_cli.ledger import LedgerError
-    from factor_cli.ledger.report import version_warnings
 
     matrix = _matrix(spec, **matrix_opts)
     states = _states(matrix)
