@@ -98,6 +98,14 @@ class Environment(ABC):
 
     spec: ClassVar[EnvSpec]
 
+    @staticmethod
+    def availability() -> str | None:
+        """None when the adapter can run here, else one line saying what is missing and how to
+        get it (a package, Java, data, a server). Adapters override it; keyword options a
+        subclass's check declares (e.g. ALFWorld's ``data_root``) are passed from the env
+        config by :func:`~factor_cli.envs.registry.availability`."""
+        return None
+
     def __init__(self, max_turns: int | None = None) -> None:
         self.max_turns = max_turns or self.spec.max_turns
         self.instance_id: str | None = None

@@ -30,10 +30,7 @@ def availability(name: str, **options: object) -> str | None:
 
     Options the adapter's check accepts (e.g. ALFWorld's ``data_root``) are passed to it.
     """
-    cls = ENVIRONMENTS.get(name)
-    check = getattr(cls, "availability", None)
-    if check is None:
-        return None
+    check = ENVIRONMENTS.get(name).availability  # declared by Environment (None: available)
     accepted = inspect.signature(check).parameters
     return check(**{k: v for k, v in options.items() if k in accepted})
 

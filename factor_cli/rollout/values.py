@@ -1,4 +1,4 @@
-"""Value-head features, values of every root state, and Monte-Carlo targets from continuations.
+"""Value-head features of root states, and Monte-Carlo targets from continuations.
 
 The feature of state x_t is the backbone's last hidden state at the last token of the prompt
 of action t (the boundary before the action), computed without gradient. V_target(x_t) for every
@@ -13,7 +13,6 @@ from collections.abc import Sequence
 import torch
 
 from factor_cli.policy.generation.scoring import Scorer
-from factor_cli.policy.value_head import TargetValueHead
 
 from .continuations import ContinuationResult
 from .runner import Episode
@@ -33,25 +32,12 @@ def boundary_features(
     return torch.cat(feats) if feats else torch.zeros(0)
 
 
-def root_values(
-    score: Scorer,
-    heads: TargetValueHead,
-    episodes: Sequence[Episode],
-    batch_size: int = 64,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(V_target(x_t) [N_act], features [N_act, H]) for every turn of every root episode, in
-    packing order. The first action's value is unused by TAC (V~(x_0) is the convention's)."""
-    prompts = [t.prompt_ids for ep in episodes for t in ep.turns]
-    feats = boundary_features(score, prompts, batch_size)
-    return heads.values(feats), feats
-
-
 def continuation_targets(
     root_features: torch.Tensor, episodes: Sequence[Episode], result: ContinuationResult
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(features [N_c, H], targets [N_c]) of every continuation that ran.
 
-    ``root_features`` are the packed root features from :func:`root_values`.
+    ``root_features``: :func:`boundary_features` of every root turn's prompt, in packing order.
     """
     offsets, k = [], 0
     for ep in episodes:

@@ -408,12 +408,13 @@ def test_cached_scoring_equals_the_model_forward(policy) -> None:
 
 def test_values_and_continuation_targets(policy, gen: HFGenerator, roots) -> None:
     from factor_cli.policy.value_head import TargetValueHead, ValueHead
-    from factor_cli.rollout.values import boundary_features, continuation_targets, root_values
+    from factor_cli.rollout.values import boundary_features, continuation_targets
 
     runner, eps = roots
     hidden = policy.model.config.hidden_size
     heads = TargetValueHead(ValueHead(hidden, 32))
-    values, feats = root_values(gen.score, heads, eps, batch_size=5)
+    feats = boundary_features(gen.score, [t.prompt_ids for e in eps for t in e.turns], 5)
+    values = heads.values(feats)
     n_act = sum(len(e.turns) for e in eps)
     assert values.shape == (n_act,) and feats.shape == (n_act, hidden)
     # Batching does not change a feature: one prompt alone gives the same vector.
