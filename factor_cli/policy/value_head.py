@@ -61,6 +61,22 @@ class ValueHead(nn.Module):
         return self.net(features.detach().to(torch.float32)).squeeze(-1)  # [N, 1] -> [N]
 
 
+def features_at(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """h_t of each row: ``hidden[b, positions[b]]``, detached.
+
+    hidden [B, S, H] (the backbone's last layer), positions [B] (each row's boundary column:
+    the last token of x_t) -> [B, H]. The padded scoring forward and hf's cached one gather
+    their boundary states through it (the prefix tree's forward returns each state by key).
+    """
+    if hidden.dim() != 3 or positions.shape != hidden.shape[:1]:
+        raise ValueError(
+            f"hidden must be [B, S, H] and positions [B]; got {tuple(hidden.shape)} and "
+            f"{tuple(positions.shape)}"
+        )
+    rows = torch.arange(hidden.shape[0], device=hidden.device)
+    return hidden[rows, positions.to(hidden.device)].detach()
+
+
 def last_token_features(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """h_t: the hidden state at each row's last real token, detached.
 
@@ -77,9 +93,7 @@ def last_token_features(hidden: torch.Tensor, attention_mask: torch.Tensor) -> t
         raise ValueError("every row needs at least one attended token")
     seq = hidden.shape[1]
     positions = torch.arange(seq, device=hidden.device).expand_as(mask)  # [B, S]
-    last = torch.where(mask, positions, -1).amax(dim=1)  # [B] index of the last 1
-    rows = torch.arange(hidden.shape[0], device=hidden.device)
-    return hidden[rows, last].detach()  # [B, H]
+    return features_at(hidden, torch.where(mask, positions, -1).amax(dim=1))  # last 1 per row
 
 
 def make_target_head(head: ValueHead) -> ValueHead:

@@ -65,6 +65,19 @@ def test_last_token_features_matches_loop(side: str) -> None:
         last_token_features(hidden, torch.zeros(4, 7))
 
 
+def test_features_at_gathers_each_rows_column() -> None:
+    from factor_cli.policy.value_head import features_at
+
+    hidden = torch.randn(3, 6, 4, generator=_gen(2), requires_grad=True)
+    cols = torch.tensor([5, 0, 2])
+    got = features_at(hidden, cols)
+    for b, c in enumerate(cols.tolist()):
+        assert torch.equal(got[b], hidden[b, c])
+    assert not got.requires_grad
+    with pytest.raises(ValueError, match="positions"):
+        features_at(hidden, torch.tensor([1, 2]))
+
+
 def test_polyak_update_matches_elementwise_loop() -> None:
     torch.manual_seed(0)
     online, target = ValueHead(6, 10), ValueHead(6, 10)

@@ -72,6 +72,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..value_head import features_at
 from .base import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_CONTEXT,
@@ -565,7 +566,7 @@ class HFGenerator(TokenizedBackend):
         h = None
         if return_hidden:
             cols = torch.tensor([width - 1 - len(r) - c0 for r in replies], device=device)
-            h = out.hidden_states[-1][torch.arange(len(seqs), device=device), cols]
+            h = features_at(out.hidden_states[-1], cols)
         return z, h
 
     def _generate_batch(

@@ -21,6 +21,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from ..value_head import features_at
 from .constrained import constrained_logits
 
 
@@ -168,7 +169,7 @@ def score_replies(
         hidden = None
         if return_hidden:
             last = torch.tensor([len(p) - 1 for p in prompts], device=device)
-            hidden = out.hidden_states[-1][torch.arange(len(prompts), device=device), last].detach()
+            hidden = features_at(out.hidden_states[-1], last)
     return Scores(
         logprobs=logps, boundary_hidden=hidden, logits=all_logits if return_logits else None
     )
