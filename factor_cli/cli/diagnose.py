@@ -29,6 +29,15 @@ class Kind:
     """(records, tables, png path) -> the PNG written."""
 
 
+def _single(name: str, table: Callable[[Any], Any], plot: Callable[[Any, Path], Path]) -> Kind:
+    """A kind of one table computed from the action records, plotted from that table."""
+    return Kind(
+        KIND_SUMMARIES[name],
+        lambda r: {name: table(r.actions)},
+        lambda r, t, out: plot(t[name], out),
+    )
+
+
 def _kinds() -> dict[str, Kind]:
     from factor_cli.stats import diagnose as d
     from factor_cli.stats import diagnose_plots as p
@@ -43,26 +52,14 @@ def _kinds() -> dict[str, Kind]:
             lambda r: {"coef-deviation": d.coef_deviation(r.actions)},
             lambda r, t, out: p.coef_deviation_plot(d.credited(d.active_steps(r.actions)), out),
         ),
-        "groups": Kind(
-            KIND_SUMMARIES["groups"],
-            lambda r: {"groups": d.group_signal(r.actions)},
-            lambda r, t, out: p.group_signal_plot(t["groups"], out),
-        ),
+        "groups": _single("groups", d.group_signal, p.group_signal_plot),
         "value": Kind(
             KIND_SUMMARIES["value"],
             value_tables,
             lambda r, t, out: p.value_plot(t["reliability"], out),
         ),
-        "length-bias": Kind(
-            KIND_SUMMARIES["length-bias"],
-            lambda r: {"length-bias": d.length_bias(r.actions)},
-            lambda r, t, out: p.length_bias_plot(t["length-bias"], out),
-        ),
-        "horizon": Kind(
-            KIND_SUMMARIES["horizon"],
-            lambda r: {"horizon": d.horizon(r.actions)},
-            lambda r, t, out: p.horizon_plot(t["horizon"], out),
-        ),
+        "length-bias": _single("length-bias", d.length_bias, p.length_bias_plot),
+        "horizon": _single("horizon", d.horizon, p.horizon_plot),
     }
 
 

@@ -41,7 +41,10 @@ def _buckets(values: pd.Series, edges: tuple[int, ...]) -> pd.Series:
 
 def active_steps(actions: pd.DataFrame) -> pd.DataFrame:
     """The rows of the teacher-active steps (allocation strength eta_k or alpha_k > 0) of each
-    run, or all of a run's rows when it has none (a method without a teacher)."""
+    run, or all of a run's rows when it has none (a method without a teacher, or records written
+    before the strength was recorded)."""
+    if "strength" not in actions:
+        return actions
     on = actions["strength"] > 0
     return actions[on | ~on.groupby(actions["run_id"]).transform("any")]
 

@@ -7,8 +7,20 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 
 from .plots import _figure, _save
+
+
+def _finish(
+    ax: Axes, xlabel: str, ylabel: str, title: str, out: Path, legend_size: int | None = None
+) -> Path:
+    """Label the axes, title and legend, and write the figure to ``out``."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=legend_size)
+    return _save(ax.figure, out)
 
 
 def _bars(table: pd.DataFrame, x: str, ys: list[str], title: str, ylabel: str, out: Path) -> Path:
@@ -30,45 +42,45 @@ def _bars(table: pd.DataFrame, x: str, ys: list[str], title: str, ylabel: str, o
 
 def coef_deviation_plot(actions: pd.DataFrame, out: Path) -> Path:
     """Histogram of |w-bar_t - 1| per method (log-spaced bins; 0 drawn at the left edge)."""
-    fig, ax = _figure()
+    _, ax = _figure()
     floor = 1e-8
     for method, g in actions.groupby("method"):
         dev = np.maximum((g["wbar"] - 1.0).abs().to_numpy(), floor)
         ax.hist(dev, bins=np.logspace(-8, 1, 46), histtype="step", label=str(method))
     ax.set_xscale("log")
     ax.axvline(0.10, color="grey", linestyle="--", linewidth=0.8)
-    ax.set_xlabel("|mean multiplier - 1| per action (values below 1e-8 drawn at 1e-8)")
-    ax.set_ylabel("actions")
-    ax.set_title("Coefficient deviation (paper Fig. 5A)")
-    ax.legend()
-    return _save(fig, out)
+    return _finish(
+        ax,
+        "|mean multiplier - 1| per action (values below 1e-8 drawn at 1e-8)",
+        "actions",
+        "Coefficient deviation (paper Fig. 5A)",
+        out,
+    )
 
 
 def group_signal_plot(table: pd.DataFrame, out: Path) -> Path:
-    fig, ax = _figure()
+    _, ax = _figure()
     for method, g in table.groupby("method"):
         ax.plot(g["step"], g["group_signal"], marker="o", label=f"{method}: groups with signal")
         ax.plot(g["step"], g["zero_credit"], linestyle="--", label=f"{method}: zero-credit actions")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_xlabel("training step")
-    ax.set_ylabel("share")
-    ax.set_title("The signal RL gets")
-    ax.legend(fontsize=7)
-    return _save(fig, out)
+    return _finish(ax, "training step", "share", "The signal RL gets", out, legend_size=7)
 
 
 def value_plot(curve: pd.DataFrame, out: Path) -> Path:
-    fig, ax = _figure()
+    _, ax = _figure()
     lo = float(min(curve["prediction"].min(), curve["target"].min(), 0.0))
     hi = float(max(curve["prediction"].max(), curve["target"].max(), 1.0))
     ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8, label="calibrated")
     for method, g in curve.groupby("method"):
         ax.plot(g["prediction"], g["target"], marker="o", label=str(method))
-    ax.set_xlabel("V_target(x_t), bin mean")
-    ax.set_ylabel("continuation return, bin mean")
-    ax.set_title("Value-head reliability (paper Table 17)")
-    ax.legend()
-    return _save(fig, out)
+    return _finish(
+        ax,
+        "V_target(x_t), bin mean",
+        "continuation return, bin mean",
+        "Value-head reliability (paper Table 17)",
+        out,
+    )
 
 
 def length_bias_plot(table: pd.DataFrame, out: Path) -> Path:
