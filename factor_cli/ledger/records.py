@@ -14,14 +14,13 @@ from __future__ import annotations
 import re
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from .report import _open, _quote, _search
-from .store import DEFAULT_EXPERIMENT, LedgerError, first_line
-from .transcripts import RUN_ID_CHARS, _find_run
+from .store import DEFAULT_EXPERIMENT, LedgerError
+from .transcripts import RUN_ID_CHARS, _find_run, artifact_names
 
 RECORDS_DIR = "records"  # in the run folder and in the MLflow run's artifacts
 KINDS = ("actions", "continuations")
@@ -103,13 +102,8 @@ def _runs_of(client: Any, uri: str, exp_id: str | None, target: str, experiment:
 def _read_run(
     client: Any, run_id: str, steps: tuple[int, int] | None
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    try:
-        listed = client.list_artifacts(run_id, RECORDS_DIR)
-    except Exception as exc:
-        raise RecordsError(
-            f"run {run_id[:12]}: cannot list its artifacts ({first_line(exc)})"
-        ) from None
-    found = [m for m in (_NAME.match(Path(f.path).name) for f in listed if not f.is_dir) if m]
+    names = artifact_names(client, run_id, RECORDS_DIR, RecordsError)
+    found = [m for m in (_NAME.match(name) for name in names) if m]
     if not found:
         raise RecordsError(
             f"run {run_id[:12]}: no diagnostic records ({RECORDS_DIR}/); it predates them, ran "

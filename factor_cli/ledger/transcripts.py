@@ -284,14 +284,21 @@ def transcript_index(run_id: str, tracking_uri: str | None = None) -> Transcript
     return _index(_client(tracking_uri)[1], run_id)
 
 
-def _index(client: Any, run_id: str) -> TranscriptIndex:
+def artifact_names(
+    client: Any, run_id: str, folder: str, error: type[LedgerError] = LedgerError
+) -> list[str]:
+    """The file names in the run's artifact ``folder`` (none when it is absent); a store that
+    cannot list them raises ``error`` in one line."""
     try:
-        listed = client.list_artifacts(run_id, TRANSCRIPTS_DIR)
+        listed = client.list_artifacts(run_id, folder)
     except Exception as exc:
-        raise TranscriptError(
-            f"run {run_id}: cannot list its artifacts ({first_line(exc)})"
-        ) from None
-    found = [p for p in (parse_name(Path(f.path).name) for f in listed if not f.is_dir) if p]
+        raise error(f"run {run_id}: cannot list its artifacts ({first_line(exc)})") from None
+    return [Path(f.path).name for f in listed if not f.is_dir]
+
+
+def _index(client: Any, run_id: str) -> TranscriptIndex:
+    names = artifact_names(client, run_id, TRANSCRIPTS_DIR, TranscriptError)
+    found = [p for p in (parse_name(name) for name in names) if p]
     steps = sorted(k for kind, k in found if kind == "step")
     evals = sorted(k for kind, k in found if kind == "eval")
     if not steps and not evals:
