@@ -1,6 +1,6 @@
 """Per-action and per-continuation records of one training step: what ``factor diagnose`` reads.
 
-A training run writes them (``diagnostics.records``, on by default) beside its transcripts, as
+A training run writes them (``transcripts.records``, on by default) beside its transcripts, as
 ``records/actions-<k:06d>.csv`` and ``records/continuations-<k:06d>.csv`` in the run folder and
 the MLflow run's artifacts (:mod:`factor_cli.ledger.records`). Unlike the transcripts, which
 keep a few whole episodes with their text, these keep every action of every root episode, and
