@@ -8,7 +8,8 @@ numbers only.
 
 Action columns (one row per action t of root trajectory i, packing order):
 
-    step, traj, group, instance, turn (t), turns (T_i), length (L_t), valid,
+    step, traj, group, instance, turn (t), turns (T_i), action (a_t's text, which restores
+    x_{t+1} by replay), length (L_t), valid,
     outcome (G_i), success, a_seq (A^seq_i), v0 (V~(x_0)), credit (A_t, the method's),
     value (V_target(x_t); empty without a value head), wbar (w-bar_t = mean_j w_{t,j}),
     top_mass (the allocation's top-quartile share, :func:`~factor_cli.credit.top_quartile_mass`),
@@ -31,7 +32,7 @@ from .packing import RolloutBatch
 from .runner import Episode
 
 ACTION_COLUMNS = (
-    "step", "traj", "group", "instance", "turn", "turns", "length", "valid", "outcome",
+    "step", "traj", "group", "instance", "turn", "turns", "action", "length", "valid", "outcome",
     "success", "a_seq", "v0", "credit", "value", "wbar", "top_mass", "strength",
 )  # fmt: skip
 CONTINUATION_COLUMNS = ("step", "traj", "turn", "target")
@@ -59,6 +60,7 @@ def action_rows(
                 "instance": ep.start.instance_id,
                 "turn": t,
                 "turns": int(turns[i]),
+                "action": ep.turns[t].action,
                 "length": int(lengths[a]),
                 "valid": int(ep.turns[t].valid),
                 "outcome": float(b.outcome[i]),

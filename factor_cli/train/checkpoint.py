@@ -44,8 +44,11 @@ def save(
     extra: dict[str, Any],
     main: bool = True,
     barrier: Callable[[], None] = lambda: None,
+    keep_every: int | None = None,
 ) -> Path:
     """Write checkpoint ``step`` under ``run_dir/checkpoints`` and point ``latest`` at it.
+    Older checkpoints are removed except the two newest and, with ``keep_every``, those of
+    steps divisible by it.
 
     Data-parallel ranks all call this: each writes its engine shards into the one temporary
     folder, and the ``main`` rank alone adds the state file and renames it into place.
@@ -77,7 +80,8 @@ def save(
     pointer.write_text(json.dumps({"step": step, "dir": final.name}))
     os.replace(pointer, root / LATEST)
     for old in sorted(root.glob("step-*"))[:-2]:  # keep the two newest
-        shutil.rmtree(old, ignore_errors=True)
+        if keep_every is None or int(old.name.removeprefix("step-")) % keep_every:
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 

@@ -326,6 +326,14 @@ class TrainConfig(Strict):
     seed: int = Field(42, description="Seed of everything stochastic.")
     output_dir: str = Field("runs", description="Where checkpoints and results go.")
     checkpoint_every: int = Field(1, ge=1, description="Write a checkpoint every N steps.")
+    checkpoint_keep_every: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Also keep every N-th step's checkpoint (the two newest are always kept): the "
+            "policies `factor diagnose td-sign` replays. None keeps only the two newest."
+        ),
+    )
     tracking_uri: str | None = Field(None, description="MLflow URI (default: ./ledger sqlite).")
     model: ModelConfig = Field(default_factory=ModelConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)

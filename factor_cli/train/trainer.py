@@ -486,7 +486,13 @@ class Trainer:
         }
         # Every engine (policy, critic) writes its model and optimizer shards into the folder.
         return checkpoint.save(
-            run_dir, self.step, self.engines, extra, self.ranks.main, self.ranks.barrier
+            run_dir,
+            self.step,
+            self.engines,
+            extra,
+            self.ranks.main,
+            self.ranks.barrier,
+            keep_every=self.cfg.checkpoint_keep_every,
         )
 
     def load(self, directory: Path) -> dict[str, Any]:

@@ -173,6 +173,7 @@ def test_mini_replication_fixes_its_protocol() -> None:
         seen[(cfg.method, rooms, cfg.env.max_turns)] += 1
         assert (cfg.continuations.budget, cfg.continuations.per_checkpoint) == (2, 4)
         assert (cfg.steps, cfg.eval.max_items, cfg.reduction) == (12, 100, "action-mean")
+        assert cfg.checkpoint_keep_every == 4  # td-sign replays steps 4 and 8's policies
     assert seen == {
         (m, rooms, turns): 5
         for m in ("grpo", "serl-repro", "factor")
