@@ -38,7 +38,42 @@ def _single(name: str, table: Callable[[Any], Any], plot: Callable[[Any, Path], 
     )
 
 
-def _kinds() -> dict[str, Kind]:
+@dataclass(frozen=True)
+class McOptions:
+    """td-sign's options: the Monte-Carlo plan and where its estimates are cached."""
+
+    samples: int
+    actions: int
+    seed: int
+    cache: Path
+
+
+def _td_sign(mc: McOptions) -> Kind:
+    from factor_cli.stats import diagnose as d
+    from factor_cli.stats import diagnose_plots as p
+
+    def tables(r: Any) -> dict[str, Any]:
+        from rich.progress import Progress
+
+        from factor_cli.train.replay import McPlan
+        from factor_cli.train.td_sign import td_sign_estimates
+
+        plan = McPlan(samples=mc.samples, actions=mc.actions, seed=mc.seed)
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("td-sign", total=None)
+
+            def progress(label: str, done: int, total: int) -> None:
+                bar.update(task, description=label, completed=done, total=total)
+
+            est = td_sign_estimates(r.actions, r.runs, plan, mc.cache, progress)
+        return {"td-sign": d.td_sign(est, seed=mc.seed), "estimates": est}
+
+    return Kind(
+        KIND_SUMMARIES["td-sign"], tables, lambda r, t, out: p.td_sign_plot(t["estimates"], out)
+    )
+
+
+def _kinds(mc: McOptions) -> dict[str, Kind]:
     from factor_cli.stats import diagnose as d
     from factor_cli.stats import diagnose_plots as p
 
@@ -60,6 +95,7 @@ def _kinds() -> dict[str, Kind]:
         ),
         "length-bias": _single("length-bias", d.length_bias, p.length_bias_plot),
         "horizon": _single("horizon", d.horizon, p.horizon_plot),
+        "td-sign": _td_sign(mc),
     }
 
 
@@ -69,8 +105,9 @@ KIND_SUMMARIES = {
     "value": "value head against continuation returns: MSE, r, reliability (Table 17)",
     "length-bias": "surrogate weight by action length, token- vs action-mean (Table 24)",
     "horizon": "success by trajectory length (Table 26)",
+    "td-sign": "sign of the credit against independent Monte-Carlo advantages (Fig. 5B)",
 }
-NOT_YET = ("td-sign", "token-perturb", "feedback", "compare")
+NOT_YET = ("token-perturb", "feedback", "compare")
 """Kinds of issue 28 that replay models or environments; not built yet."""
 
 
@@ -109,6 +146,13 @@ def diagnose_cmd(
     out: Annotated[Path, typer.Option("--out", help="Folder for KIND.csv and KIND.png.")] = Path(
         "diagnostics"
     ),
+    samples: Annotated[
+        int, typer.Option("--samples", min=1, help="td-sign: continuations from x_t and x_{t+1}.")
+    ] = 16,
+    actions: Annotated[
+        int, typer.Option("--actions", min=1, help="td-sign: actions drawn per replayed step.")
+    ] = 32,
+    mc_seed: Annotated[int, typer.Option("--mc-seed", help="td-sign: seed of the draws.")] = 0,
     tracking_uri: TrackingOpt = None,
     experiment: ExperimentOpt = "factor",
 ) -> None:
@@ -125,11 +169,16 @@ def diagnose_cmd(
     - **value**: V_target(x_t) against the mean continuation return from x_t (Table 17).
     - **length-bias**: mean surrogate weight by action length under both reductions (Table 24).
     - **horizon**: training success by trajectory length (Table 26).
+    - **td-sign**: for up to --actions actions of each step whose policy was kept (train with
+      checkpoint_keep_every=N; step k replays checkpoint k - 1), --samples continuations from
+      x_t and from x_{t+1} give an independent Monte-Carlo advantage; the table is the share
+      whose sign the credit matches, early and late in the run (Fig. 5B, Table 19). Estimates
+      are cached under --out, so an interrupted run resumes.
 
-    td-sign, token-perturb, feedback and compare (issue 28) replay models or environments and
-    are not built yet.
+    token-perturb, feedback and compare (issue 28) are not built yet.
     """
-    kinds = _kinds()
+    cache = out / "td-sign-estimates"
+    kinds = _kinds(McOptions(samples, actions, mc_seed, cache))
     if kind in NOT_YET:
         fail(f"diagnose {kind}: not built yet (it replays models or environments); "
              f"available: {', '.join(kinds)}")  # fmt: skip
@@ -144,7 +193,7 @@ def diagnose_cmd(
     try:
         records = load_records(targets, window, tracking_uri, experiment)
         tables = kinds[kind].tables(records)
-    except (LedgerError, ValueError) as exc:
+    except (LedgerError, ValueError, FileNotFoundError) as exc:
         fail(f"diagnose {kind}: {first_line(exc)}")
     out.mkdir(parents=True, exist_ok=True)
     first = next(iter(tables.values()))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -46,7 +47,8 @@ class Records:
     continuations: pd.DataFrame
     """One row per continuation, plus the run's tags."""
     runs: pd.DataFrame
-    """One row per run read: run_id and :data:`RUN_TAGS`."""
+    """One row per run read: run_id, :data:`RUN_TAGS` and run_dir (:func:`run_folder`; empty
+    when the folder is not on this machine)."""
 
 
 def load_records(
@@ -73,9 +75,25 @@ def load_records(
         a, c = _read_run(client, run_id, steps)
         actions.append(a.assign(run_id=run_id, **tags))
         conts.append(c.assign(run_id=run_id, **tags))
-        rows.append({"run_id": run_id, **tags})
+        rows.append({"run_id": run_id, **tags, "run_dir": str(run_folder(run) or "")})
     return Records(pd.concat(actions, ignore_index=True), pd.concat(conts, ignore_index=True),
                    pd.DataFrame(rows))  # fmt: skip
+
+
+def run_folder(run: Any) -> Path | None:
+    """The run's folder ``<output_dir>/<run id>`` on this machine: ``output_dir`` (a param) as
+    given, relative to the working folder or else to a folder above the run's config file (a
+    study cell's config lives under the study's output folder)."""
+    output_dir = run.data.params.get("output_dir")
+    if not output_dir:
+        return None
+    source = run.data.tags.get("config_source", "")
+    roots = [Path.cwd(), *(Path(source).parents if Path(source).is_absolute() else [])]
+    for root in roots:
+        folder = root / output_dir / run.info.run_id
+        if folder.is_dir():
+            return folder.resolve()
+    return None
 
 
 def _runs_of(client: Any, uri: str, exp_id: str | None, target: str, experiment: str) -> list:
@@ -97,6 +115,14 @@ def _runs_of(client: Any, uri: str, exp_id: str | None, target: str, experiment:
                 "shows the runs and their studies"
             )
     return [client.get_run(_find_run(client, uri, target, experiment))]
+
+
+def _read_csv(path: str) -> pd.DataFrame:
+    """A records file; only an empty field is missing (an action's text may read "None")."""
+    frame = pd.read_csv(path, dtype={"instance": str}, keep_default_na=False, na_values=[""])
+    if "action" in frame:
+        frame["action"] = frame["action"].fillna("").astype(str)
+    return frame
 
 
 def _read_run(
@@ -124,7 +150,7 @@ def _read_run(
             if int(m.group(2)) not in have:
                 continue
             local = client.download_artifacts(run_id, f"{RECORDS_DIR}/{m.group(0)}", tmp)
-            frames[m.group(1)].append(pd.read_csv(local, dtype={"instance": str}))
+            frames[m.group(1)].append(_read_csv(local))
     return tuple(  # type: ignore[return-value]
         pd.concat(frames[k], ignore_index=True) if frames[k] else pd.DataFrame() for k in KINDS
     )

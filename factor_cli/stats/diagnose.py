@@ -14,6 +14,8 @@ run columns ``run_id``, ``method``, ``env``, ``seed``) and returns a table, one 
 - :func:`length_bias`: mean pre-clipping surrogate weight per token-count bucket under token-mean
   (L_t w-bar_t / L-bar) and action-mean (w-bar_t) (Table 24).
 - :func:`horizon`: success by trajectory-length bucket (Table 26).
+- :func:`td_sign`: sign agreement of the credit with an independent Monte-Carlo advantage
+  (Fig. 5B, Table 19), early and late, with a bootstrap interval over trajectories.
 """
 
 from __future__ import annotations
@@ -148,3 +150,51 @@ def horizon(actions: pd.DataFrame, edges: tuple[int, ...] = HORIZON_EDGES) -> pd
         .agg(trajectories=("success", "size"), success=("success", "mean"))
         .reset_index()
     )
+
+
+SIGN_RESAMPLES = 2000
+
+
+def td_sign(estimates: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """Sign agreement of the credit A_t with an independent Monte-Carlo advantage ``mc`` (paper
+    Fig. 5B, Table 19): per method and phase (``early``, ``late``, and ``all``), the actions
+    compared, the ties left out (mc = 0: the N returns from x_{t+1} and from x_t average the
+    same, so neither sign is supported; a phase of ties alone has no share), and the share
+    with sgn(A_t) = sgn(mc), with a 95%
+    percentile interval from a bootstrap over trajectories (actions of one trajectory share
+    its outcome, so they are resampled together).
+
+    ``estimates``: one row per action with ``credit``, ``mc``, ``phase``, ``method``, ``run_id``,
+    ``step`` and ``traj``; actions with |A_t| < 1e-6 are left out, as in the paper.
+    """
+    cols = ["method", "phase", "actions", "ties", "agreement", "ci_low", "ci_high"]
+    rows = []
+    rng = np.random.default_rng(seed)
+    frame = credited(estimates)
+    for method, by_method in frame.groupby("method", sort=True):
+        for phase in ("early", "late", "all"):
+            part = by_method if phase == "all" else by_method[by_method["phase"] == phase]
+            ties = int((part["mc"] == 0).sum())
+            part = part[part["mc"] != 0]
+            if part.empty:  # nothing compared: say how many ties there were
+                if ties:
+                    rows.append([method, phase, 0, ties, np.nan, np.nan, np.nan])
+                continue
+            agree = (np.sign(part["credit"]) == np.sign(part["mc"])).to_numpy(dtype=float)
+            cluster = part.groupby(["run_id", "step", "traj"], sort=False).ngroup().to_numpy()
+            low, high = _cluster_interval(agree, cluster, rng)
+            rows.append([method, phase, len(part), ties, float(agree.mean()), low, high])
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _cluster_interval(
+    values: np.ndarray, cluster: np.ndarray, rng: np.random.Generator
+) -> tuple[float, float]:
+    """95% percentile interval of the mean of ``values``, resampling whole clusters."""
+    k = int(cluster.max()) + 1
+    sums = np.bincount(cluster, weights=values, minlength=k)
+    counts = np.bincount(cluster, minlength=k).astype(float)
+    draws = rng.multinomial(k, np.full(k, 1.0 / k), size=SIGN_RESAMPLES)
+    means = (draws @ sums) / (draws @ counts)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(low), float(high)

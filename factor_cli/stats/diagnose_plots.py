@@ -95,3 +95,22 @@ def horizon_plot(table: pd.DataFrame, out: Path) -> Path:
         table, "bucket", ["success"],
         "Success by trajectory length in actions (paper Table 26)", "success rate", out,
     )  # fmt: skip
+
+
+def td_sign_plot(estimates: pd.DataFrame, out: Path) -> Path:
+    """Credit A_t against the Monte-Carlo advantage, one marker per method and phase (Fig. 5B)."""
+    _, ax = _figure()
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.axvline(0.0, color="grey", linewidth=0.8)
+    markers = iter("os^vDP*X")
+    for (method, phase), g in estimates.groupby(["method", "phase"], sort=True):
+        ax.scatter(g["mc"], g["credit"], s=10, alpha=0.6, marker=next(markers, "o"),
+                   label=f"{method}, {phase}")  # fmt: skip
+    return _finish(
+        ax,
+        "Monte-Carlo advantage: mean G from x_{t+1} - mean G from x_t",
+        "credit A_t",
+        "Credit against an independent Monte-Carlo estimate (paper Fig. 5B)",
+        out,
+        legend_size=7,
+    )

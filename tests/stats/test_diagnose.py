@@ -106,3 +106,43 @@ def test_horizon_buckets_trajectories_once() -> None:
     assert table.loc["1-3", "trajectories"] == 2
     assert table.loc["1-3", "success"] == 0.5
     assert table.loc[">=10", "success"] == 0.0
+
+
+def test_td_sign_agreement_exact() -> None:
+    """Five credited actions (one of them a tie, left out) and one zero-credit action (left out):
+    early 1 of 2 agree, late 2 of 2; every action its own trajectory, so with all of them
+    agreeing the interval is the point."""
+    est = pd.DataFrame(
+        {
+            "method": ["factor"] * 6,
+            "run_id": ["r"] * 6,
+            "step": [2, 2, 2, 9, 9, 9],
+            "traj": [0, 1, 2, 0, 1, 2],
+            "phase": ["early"] * 3 + ["late"] * 3,
+            "credit": [0.5, -0.2, 0.3, -0.4, 0.1, 0.0],
+            "mc": [0.25, 0.5, 0.0, -0.125, 0.75, 0.5],
+        }
+    )
+    table = d.td_sign(est).set_index("phase")
+    assert table.loc["early", ["actions", "ties"]].tolist() == [2, 1]
+    assert table.loc["early", "agreement"] == 0.5
+    assert table.loc["late", ["actions", "ties", "agreement"]].tolist() == [2, 0, 1.0]
+    assert table.loc["late", ["ci_low", "ci_high"]].tolist() == [1.0, 1.0]
+    assert table.loc["all", ["actions", "ties", "agreement"]].tolist() == [4, 1, 0.75]
+    low, high = table.loc["all", ["ci_low", "ci_high"]]
+    assert 0.0 <= low < 0.75 < high <= 1.0
+
+
+def test_td_sign_resamples_trajectories_whole() -> None:
+    """Two trajectories of 3 actions: one all agreeing, one all not. Resampling actions would
+    give intermediate means; resampling trajectories gives only 0, 0.5 and 1."""
+    est = pd.DataFrame(
+        {
+            "method": ["m"] * 6, "run_id": ["r"] * 6, "step": [1] * 6,
+            "traj": [0, 0, 0, 1, 1, 1], "phase": ["early"] * 6,
+            "credit": [1.0] * 6, "mc": [1.0, 1.0, 1.0, -1.0, -1.0, -1.0],
+        }
+    )  # fmt: skip
+    row = d.td_sign(est).set_index("phase").loc["all"]
+    assert row["agreement"] == 0.5
+    assert {row["ci_low"], row["ci_high"]} <= {0.0, 0.5, 1.0}

@@ -39,6 +39,7 @@ def study(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
             "rollout.k=4",
             "eval.start=false",
             *(["transcripts.records=false"] if method == "grpo" else []),
+            *(["checkpoint_keep_every=1"] if method == "factor" else []),
         ]
         ids[method] = train(load_config("smoke", overrides), lambda *a: None, print).run_id
     return {"uri": f"sqlite:///{tmp / 'mlflow.db'}", "out": str(tmp / "out"), **ids}
@@ -81,10 +82,33 @@ def test_bad_input_is_one_line(study: dict[str, str]) -> None:
         ("value", study["factor"], "--steps", "7:9"): "no recorded step in 7:9",
         ("value", study["factor"], "--steps", "3:1"): "expected A:B",
         ("nonsense", study["factor"]): "unknown diagnostic 'nonsense'",
-        ("td-sign", study["factor"]): "not built yet",
+        ("td-sign", study["factor"], "--steps", "1:1"): "no recorded step's policy was kept",
+        ("feedback", study["factor"]): "not built yet",
     }
     for args, message in cases.items():
         res = diagnose(study, *args)
         assert res.exit_code == 1, (args, res.output)
         lines = [line for line in res.output.splitlines() if line.strip()]
         assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], lines
+
+
+def test_td_sign_replays_a_kept_step_and_resumes_from_its_cache(study: dict[str, str]) -> None:
+    """Step 2 replays checkpoint 1: 3 actions, 2 continuations from x_t and x_{t+1} each; a
+    second call reads the cached estimates (same table, no new play)."""
+    args = ("td-sign", study["factor"], "--samples", "2", "--actions", "3", "--mc-seed", "5")
+    res = diagnose(study, *args)
+    assert res.exit_code == 0, res.output
+    cache = sorted((Path(study["out"]) / "td-sign-estimates").glob("*.csv"))
+    assert [p.name.split("-", 1)[1] for p in cache] == ["step000002-n2-a3-s5.csv"]
+    est = pd.read_csv(cache[0])
+    assert len(est) == 3 and set(est["samples"]) == {2} and (est["failed"] == 0).all()
+    assert ((est["q"] >= 0) & (est["q"] <= 1) & (est["v"] >= 0) & (est["v"] <= 1)).all()
+    assert (est["mc"] == est["q"] - est["v"]).all()
+    table = pd.read_csv(Path(study["out"]) / "td-sign.csv")
+    assert set(table["method"]) == {"factor"} and set(table["phase"]) == {"late", "all"}
+    assert table.set_index("phase").loc["all", ["actions", "ties"]].sum() == 3
+    assert (Path(study["out"]) / "td-sign.png").stat().st_size > 1000
+    stamp = cache[0].stat().st_mtime_ns
+    again = diagnose(study, *args)
+    assert again.exit_code == 0 and cache[0].stat().st_mtime_ns == stamp
+    assert pd.read_csv(Path(study["out"]) / "td-sign.csv").equals(table)
