@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv if missing and install factor into it (`--dev` adds pytest, hypothesis, ruff,
-# playwright with Debian's chromium, and the ALFWorld extra, which compiles its planner the first
-# time).
+# playwright with Debian's chromium, the docs extra for the documentation site, and the ALFWorld
+# extra, which compiles its planner the first time).
 # Idempotent: it reinstalls only when pyproject.toml changed since the last install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,10 +17,11 @@ if ! command -v java >/dev/null 2>&1; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless) \
     || echo "[install] warning: could not install Java; environment adapters will report it missing"
 fi
-# --dev: the test of `factor ledger show --html` opens the page in headless Chromium (Debian's
-# package, driven by playwright from the dev extra; playwright's own browser download is unused).
+# --dev: the tests of `factor ledger show --html` and of the documentation site open pages in
+# headless Chromium (Debian's package, driven by playwright from the dev extra; playwright's own
+# browser download is unused).
 if [ "$extras" = "--dev" ] && [ ! -x /usr/bin/chromium ]; then
-  echo "[install] chromium missing: installing it with apt (the HTML transcript test)"
+  echo "[install] chromium missing: installing it with apt (the HTML page tests)"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
     || echo "[install] warning: could not install chromium; the HTML page test will skip"
 fi
@@ -35,7 +36,7 @@ if [ ! -f "$stamp" ] && [ ! -f "$base-dev" ]; then
   }
   # torch first, pinned to the CPU wheel, so no dependency can resolve it to a CUDA build.
   pip install "torch==2.13.0"
-  if [ "$extras" = "--dev" ]; then pip install -e ".[dev,alfworld]"; else pip install -e .; fi
+  if [ "$extras" = "--dev" ]; then pip install -e ".[dev,alfworld,docs]"; else pip install -e .; fi
   rm -f .venv/.factor-install-*
   touch "$stamp"
 fi

