@@ -5,7 +5,7 @@ and per row of a decode step over a filled KV buffer of S columns.
 These are the rates a generation backend could reach at best with Hugging Face's forward, so
 they bound what a rollout can cost from below: the tokens a rollout computes (``prefill_tokens``
 and generated tokens in ``benchmarks/rollout.py`` and ``benchmarks/train.py``) times these rates.
-Issue 14's cost-ratio targets are weighed against that bound in the README.
+Issue 14's cost-ratio targets are weighed against that bound in docs/benchmark-log.md.
 
     .venv/bin/python benchmarks/model_rate.py [--model DIR] [--reps 5] [--json]
 """

@@ -1,7 +1,8 @@
 """Slow, obviously-correct loop versions of the credit equations, and random packed batches.
 
 Everything here loops over trajectories, actions and tokens in plain Python floats, written
-straight from DESIGN section 4, so the vectorised core is checked against an independent reading.
+straight from docs/design.md section 4, so the vectorised core is checked against an independent
+reading.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Architecture rules that imports must keep (DESIGN section 2).
+"""Architecture rules that imports must keep (docs/design.md section 2.2).
 
 - Every import between sub-packages is in the layer table (:data:`MAY_IMPORT`), and the edges
   that do not point down the layers are listed with their reason (:data:`SIDEWAYS`).
@@ -140,8 +140,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "stats": frozenset(),
 }
 """Which sub-package may import which (besides :data:`UTILITIES` and itself). The order of
-DESIGN's layout is cli > studies > train > rollout > policy > envs > credit, with ledger, stats
-and splits beside them; the edges that do not point down that order are in :data:`SIDEWAYS`."""
+docs/design.md section 2.2 is cli > studies > train > rollout > policy > envs > credit, with
+ledger, stats and splits beside them; the edges that do not point down that order are in
+:data:`SIDEWAYS`."""
 
 SIDEWAYS: dict[tuple[str, str], str] = {
     ("policy", "envs"): "the tiny model's tokenizer is trained on environment text "

@@ -91,7 +91,9 @@ def _render(exp: Explanation, numbers: bool) -> None:
 
 @app.command("explain")
 def explain_cmd(
-    trajectory: Path = typer.Argument(..., help="Recorded trajectory-group JSON (format: README)."),
+    trajectory: Path = typer.Argument(
+        ..., help="Recorded trajectory-group JSON (format: docs/credit.md)."
+    ),
     method: str = typer.Option("factor", "--method", "-m", help="Left-hand method."),
     compare: str = typer.Option("serl-repro", "--compare", "-c", help="Right-hand method."),
     step: int | None = typer.Option(

@@ -50,7 +50,8 @@ def build_cmd(
 ) -> None:
     """Build ENV's manifest deterministically and record its digest in splits.lock.
 
-    The rules (paper Appendix B) are documented in factor_cli/splits/build.py and the README.
+    The rules (paper Appendix B) are documented in factor_cli/splits/build.py and
+    docs/environments.md.
     """
     splits_dir = resolve_splits_dir(splits_dir)
     if env_name not in PLANNERS:

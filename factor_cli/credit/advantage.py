@@ -11,9 +11,9 @@ They satisfy ``terminal - v0 = a_seq`` so one-step TD credit telescopes to A^seq
 one task instance).
 
 A convention also says how an outcome reached from one of the group's intermediate states (a
-continuation, DESIGN section 5) maps onto the scale of r_{T-1}: :func:`terminal_targets`, the
-value head's Monte-Carlo target. Both live here so the scale the value head learns is, by
-construction, the scale TAC's potential V~ telescopes against.
+continuation, docs/design.md section 5.2) maps onto the scale of r_{T-1}:
+:func:`terminal_targets`, the value head's Monte-Carlo target. Both live here so the scale the
+value head learns is, by construction, the scale TAC's potential V~ telescopes against.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from . import checks
 from .segments import segment_count, segment_mean, segment_sum
 
 STD_EPS = 1e-8
-"""eps of group standardisation: A^seq = (G~ - mean) / (std + eps) (DESIGN section 4)."""
+"""eps of group standardisation: A^seq = (G~ - mean) / (std + eps) (docs/design.md section 4.2)."""
 MIN_STD = 1e-6
 """A group whose outcome std is below this has A^seq = 0 (all members did equally well)."""
 

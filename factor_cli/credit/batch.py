@@ -1,4 +1,4 @@
-"""The packed ragged batch every credit computation consumes (DESIGN section 3).
+"""The packed ragged batch every credit computation consumes (docs/design.md section 3).
 
 Tokens of all executable actions of all trajectories are concatenated; each level points to the
 level above with an index tensor:

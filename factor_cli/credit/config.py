@@ -138,5 +138,5 @@ DEFAULTS = CreditConfig()
 each value is written once, in the field above."""
 
 PPO_CLIP_EPS = 0.2
-"""PPO's eps (DESIGN section 4): q is clipped to [1 - eps, 1 + eps]. Here, torch-free, so the
-training config (``optim.clip_eps``) and the losses read the one value."""
+"""PPO's eps (docs/design.md section 4.7): q is clipped to [1 - eps, 1 + eps]. Here, torch-free,
+so the training config (``optim.clip_eps``) and the losses read the one value."""

@@ -4,9 +4,9 @@ Sources: the paper's definitions as its abstract and public summaries give them 
 context operator C_k, nested groups G_0 ⊇ ... ⊇ G_K, per-group advantages, adaptive weights
 favouring more consistent contexts) and its public code (verl-agent ``recipe/hgpo``), read
 for the exact form, which we follow where the two could differ: the weights (L^alpha below),
-which groups count, the population std, the optional base group. Indices as in DESIGN
-section 4: trajectory i of task group g, action t with anchor state s_t; R_t the discounted
-step return.
+which groups count, the population std, the optional base group. Indices as in
+docs/design.md section 4.1: trajectory i of task group g, action t with anchor state s_t; R_t
+the discounted step return.
 
 Hierarchical groups (one definition with GiGPO's anchor groups: ``states.context_groups``).
 With the k-step context operator C_k(s_t) = (s_{t-k}, ..., s_t), the level-k group of action t

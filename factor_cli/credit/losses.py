@@ -179,7 +179,7 @@ class Normalizers:
 
     With gradient accumulation or data-parallel ranks each micro-batch's terms are divided by
     the mini-batch's counts, so summing the micro-batch objectives gives the mini-batch's
-    (DESIGN section 4: the loss does not depend on how the batch is split).
+    (docs/design.md section 4.7: the loss does not depend on how the batch is split).
     """
 
     actions: float | None = None
@@ -210,7 +210,7 @@ def objective(
     kl_coef: float = 0.0,
     normalizers: Normalizers | None = None,
 ) -> Objective:
-    """The training objective (DESIGN section 4), a scalar to minimise, and its terms:
+    """The training objective (docs/design.md section 4.7), a scalar to minimise, and its terms:
 
         L = L_act + L_non-act + lambda_k * L^SERL_act
 

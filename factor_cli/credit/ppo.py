@@ -17,7 +17,7 @@ trajectory, with V_{N_i + 1} = 0:
 so the last token of action t bootstraps from V at the first token of action t+1: the critic's
 value at the next action's boundary, after the observation. The reply's non-action tokens
 (reasoning, tags) stay in the protocol's own branch with coefficient A^seq_i, as for every
-method (DESIGN section 4), so methods differ only in the action tokens' credit. Defaults
+method (docs/design.md section 4.7), so methods differ only in the action tokens' credit. Defaults
 gamma = 1, lambda = 0.95 (``CreditConfig.ppo_gamma`` / ``ppo_lambda``).
 
 Whitening (``ppo_whiten``): A' = (A - mean A) / sqrt(var A + 1e-8) over the action tokens of one

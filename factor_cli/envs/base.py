@@ -1,4 +1,4 @@
-"""The environment protocol every adapter implements (DESIGN section 6).
+"""The environment protocol every adapter implements (docs/design.md section 6).
 
 An adapter plays one episode at a time: ``reset(instance_id)`` starts it, ``step(action)``
 advances it, ``restore(instance_id, prefix)`` puts it back at an intermediate state of a recorded

@@ -34,7 +34,7 @@ GAMES = (
 )
 
 DEFAULT_PARAMS: dict[str, str] = {
-    # No distractors, no doors: the horizons measured in DESIGN section 8.
+    # No distractors, no doors: the horizons measured in docs/design.md section 8.
     "coin": "numLocations=3,numDistractorItems=0,includeDoors=0",
     "cookingworld": (
         "numLocations=1,numIngredients=1,numDistractorItems=0,includeDoors=0,limitInventorySize=0"

@@ -5,10 +5,11 @@ shuffles with a fixed seed; WebShop's own folds are goals 0-499 test (our eval),
 1500+ train (:func:`goal_split`). Actions are ``search[keywords]`` and ``click[button]``.
 
 Outcome: WebShop's reward r in [0, 1] is paid when the agent clicks "Buy Now" (score = 100 r);
-success means score 100 (r = 1). G~_i = r - 0.1 * (number of invalid actions) (DESIGN section 4,
-group-standardised by the credit core). An action is invalid when it is not ``search[...]`` /
-``click[...]``, searches on a page without a search bar or with no keywords, or clicks something
-the page does not offer; it is not sent to WebShop (the page stays as it was) and is counted.
+success means score 100 (r = 1). G~_i = r - 0.1 * (number of invalid actions) (docs/design.md
+section 4.2, group-standardised by the credit core). An action is invalid when it is not
+``search[...]`` / ``click[...]``, searches on a page without a search bar or with no keywords, or
+clicks something the page does not offer; it is not sent to WebShop (the page stays as it was)
+and is counted.
 
 Feedback Phi_t: the page text as WebShop's simple text mode writes it (visible text nodes joined
 by " [SEP] ", :func:`page_text`), truncated to 512 tokens (:func:`truncate_tokens`: whitespace

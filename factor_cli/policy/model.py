@@ -55,7 +55,7 @@ ROLES = ("system", "user", "assistant")
 ROLE_TOKENS = tuple(f"<|{r}|>" for r in ROLES)
 ACTION_TOKENS = (ACTION_OPEN, ACTION_CLOSE)
 DEFAULT_VOCAB_SIZE = 768
-"""BPE vocabulary incl. bytes and specials (DESIGN section 8: ~745 tokens, ~4.3 chars/token)."""
+"""BPE vocabulary incl. bytes and specials (docs/design.md section 8: ~4 chars per token)."""
 METADATA_FILE = "factor_tiny.json"
 """Written beside the weights by :func:`init_tiny`: preset, seed, parameter count, corpus size
 and SHA-256, chars/token on the corpus, and build_seconds (tokenizer + model + save, plus the

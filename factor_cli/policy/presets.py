@@ -60,7 +60,8 @@ class TinyPreset:
 TINY_PRESETS: dict[str, TinyPreset] = {
     # ~0.99M parameters at the default 770-token vocabulary (792k in the blocks, 197k embeddings).
     "1m": TinyPreset(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=344),
-    # ~5.1M parameters at 770 tokens; head dim 64. DESIGN section 8: slower, not better per hour.
+    # ~5.1M parameters at 770 tokens; head dim 64. docs/design.md section 8: slower, not better
+    # per hour.
     "5m": TinyPreset(hidden_size=256, num_layers=6, num_heads=4, intermediate_size=688),
 }
 

@@ -1,4 +1,4 @@
-"""The one home of the value head's defaults (DESIGN section 5), standard library only.
+"""The one home of the value head's defaults (docs/design.md section 5.1), standard library only.
 
 :mod:`factor_cli.policy.value_head` uses them as its arguments' defaults and the training
 config's ``value.*`` fields take theirs from here, so each number is written once; the config

@@ -1,4 +1,4 @@
-"""Value head for TAC (DESIGN section 5): V(x_t) from the backbone's features.
+"""Value head for TAC (docs/design.md section 5.1): V(x_t) from the backbone's features.
 
 Features: h_t = the backbone's last-layer hidden state at the last token of x_t (the boundary
 before action t), shape [N, H]. The head never trains the backbone: features enter detached.

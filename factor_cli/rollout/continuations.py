@@ -1,4 +1,4 @@
-"""Monte-Carlo continuations from restored intermediate states (DESIGN section 5).
+"""Monte-Carlo continuations from restored intermediate states (docs/design.md section 5.2).
 
 Checkpoint rule (``support``; the state x_t is the one before action t, t = 0..T-1):
 
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from .runner import Episode, Job, RolloutRunner, Start
 
-# The one home of the continuation defaults (DESIGN sections 4-5); `continuations.*` in the
+# The one home of the continuation defaults (docs/design.md sections 4-5); `continuations.*` in the
 # training config takes its defaults from here.
 BUDGET = 2
 """B: checkpoints per root trajectory."""

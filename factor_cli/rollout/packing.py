@@ -1,4 +1,5 @@
-"""Episodes -> the credit core's packed batch (DESIGN section 3), plus what the trainer needs.
+"""Episodes -> the credit core's packed batch (docs/design.md section 3), plus what the trainer
+needs.
 
 Each root episode is a trajectory; each turn an action; the reply tokens inside the executable
 action span are the action's tokens (their behaviour log-probs are ``logp_old``). A reply whose

@@ -1,7 +1,7 @@
 """Recorded trajectory groups: the JSON format, its validation, and packing.
 
 One file holds one group of trajectories (the K rollouts of a task instance, or several groups
-told apart by ``group``). The format is documented in the README ("Trajectory JSON format");
+told apart by ``group``). The format is documented in docs/credit.md ("Trajectory JSON format");
 every action lists its executable-action tokens with the behaviour log-probs and, when the
 teacher scored it, the teacher's log-probs with the feedback Phi_t in context.
 """
@@ -95,7 +95,7 @@ def load_group(path: str | Path) -> GroupRecord:
         msg = str(err["msg"]).removeprefix("Value error, ")
         raise RecordError(
             f"{path}: field {_where(tuple(err['loc']))}: {msg} "
-            "(see 'Trajectory JSON format' in the README)"
+            "(see 'Trajectory JSON format' in docs/credit.md)"
         ) from None
 
 

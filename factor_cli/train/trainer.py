@@ -1,4 +1,4 @@
-"""The training loop. One step (DESIGN sections 4-5) reads as a sequence of named phases:
+"""The training loop. One step (docs/design.md section 2.6) reads as a sequence of named phases:
 
     rollout -> continuations + value -> teacher -> credit -> update -> log
 

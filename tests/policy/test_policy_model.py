@@ -94,7 +94,8 @@ def test_tokenizer_round_trip_on_environment_text(tiny_dir: Path, corpus: list[s
     for text in [*corpus, SAMPLE, "café, naïve: 日本 \t tabs\n\n"]:
         ids = tok.encode(text, add_special_tokens=False, verbose=False)
         assert tok.decode(ids) == text
-    # Trained on this text, BPE must compress it well beyond bytes (DESIGN: ~4 chars/token).
+    # Trained on this text, BPE must compress it well beyond bytes (docs/design.md section 8:
+    # ~4 chars/token).
     assert chars_per_token(tok, corpus) > 3.0
 
 

@@ -1,4 +1,5 @@
-"""Value head (DESIGN section 5): shapes, detached features, Polyak target, replay buffer, fit."""
+"""Value head (docs/design.md section 5.1): shapes, detached features, Polyak target, replay
+buffer, fit."""
 
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ def test_value_head_defaults_have_one_home() -> None:
     ]
     for got_cfg, home, got_fn in pairs:
         assert got_cfg == home == got_fn
-    # The paper's values (DESIGN section 5).
+    # The paper's values (docs/design.md section 5.1).
     assert (vd.VALUE_HIDDEN, vd.VALUE_LR, vd.VALUE_TAU, vd.VALUE_REPLAY_STEPS) == (
         1024,
         1e-4,
