@@ -27,7 +27,7 @@ from torch import Tensor
 from factor_cli.registry import Registry
 
 from . import checks
-from .segments import segment_count, segment_mean, segment_sum
+from .segments import segment_count, segment_mean, segment_standardize, segment_sum
 
 STD_EPS = 1e-8
 """eps of group standardisation: A^seq = (G~ - mean) / (std + eps) (docs/design.md section 4.2)."""
@@ -113,11 +113,11 @@ def group_standardize(
 ) -> TrajectoryAdvantage:
     """WebShop: A^seq_i = (G~_i - mean_g) / (std_g + eps), 0 where std_g < min_std.
 
-    std is the population standard deviation over the group; r_{T-1} = A^seq_i; V~(x_0) = 0.
+    std is the population standard deviation over the group; r_{T-1} = A^seq_i; V~(x_0) = 0
+    (:func:`~factor_cli.credit.segments.segment_standardize`, rule ``min-std``).
     """
     outcome, group_index, n = _groups(outcome, group_index)
-    mean, std = group_moments(outcome, group_index, n)
-    a_seq = standardize(outcome, mean[group_index], std[group_index], eps, min_std)
+    a_seq, _ = segment_standardize(outcome, group_index, n, "min-std", eps, min_std=min_std)
     return TrajectoryAdvantage(a_seq=a_seq, terminal=a_seq, v0=torch.zeros_like(a_seq))
 
 

@@ -14,18 +14,18 @@ is normalised, and the action's advantage adds it to the episode term:
     A_t = A^E_i + omega * (R_t - mean_g R)                         ("mean" normalisation)
 
 std is the unbiased sample std of the anchor group. An anchor group with a single member has
-nothing to be compared with and gets step term 0. Our protocol's episode term A^E_i is the
-environment convention's A^seq_i, so GiGPO differs from GRPO only by the step term.
+nothing to be compared with and gets step term 0 (``segment_standardize``'s rule
+``singleton``). Our protocol's episode term A^E_i is the environment convention's A^seq_i, so
+GiGPO differs from GRPO only by the step term.
 """
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from . import checks
 from .config import DEFAULTS
-from .segments import segment_count, segment_mean, segment_sum
+from .segments import segment_standardize
 from .states import anchor_state_keys, context_groups
 from .tac import reverse_discounted_sum
 
@@ -89,11 +89,7 @@ def gigpo_advantage(
     # Level 0 of the shared context groups is the anchor group (same task, same state).
     anchor = context_groups(group_index[traj_index], state_key, traj_index, n_traj, 0)[0]
     n_anchor = int(anchor.max()) + 1
-    size = segment_count(anchor, n_anchor)
-    centred = ret - segment_mean(ret, anchor, n_anchor)[anchor]
-    if norm == "std":
-        dof = (size - 1).clamp_min(1).to(ret.dtype)
-        std = (segment_sum(centred**2, anchor, n_anchor) / dof).sqrt()
-        centred = centred / (std[anchor] + eps)
-    step = torch.where(size[anchor] > 1, centred, torch.zeros_like(centred))
+    step, _ = segment_standardize(
+        ret, anchor, n_anchor, "singleton", eps, ddof=1, divide=norm == "std"
+    )
     return a_episode[traj_index] + omega * step

@@ -50,7 +50,7 @@ from torch import Tensor
 from . import checks
 from .config import DEFAULTS
 from .gigpo import check_step_inputs
-from .segments import segment_count, segment_max, segment_mean, segment_sum
+from .segments import segment_standardize
 from .states import context_groups
 from .tac import reverse_discounted_sum
 
@@ -66,21 +66,13 @@ def level_advantages(ret: Tensor, groups: Tensor, norm: str, eps: float) -> tupl
     """
     adv = torch.zeros(groups.shape, dtype=ret.dtype, device=ret.device)
     counts = torch.zeros(groups.shape, dtype=torch.bool, device=ret.device)
-    tiny = 8 * torch.finfo(ret.dtype).eps
     for k in range(groups.shape[0]):  # H + 1 levels, each one vectorised over actions
         idx = (groups[k] >= 0).nonzero().squeeze(1)
-        gid, r = groups[k, idx], ret[idx]
+        gid = groups[k, idx]
         n = int(gid.max()) + 1 if gid.numel() else 0
-        size = segment_count(gid, n)
-        centred = r - segment_mean(r, gid, n)[gid]
-        hi, lo = segment_max(r, gid, n), -segment_max(-r, gid, n)
-        scale = torch.maximum(hi.abs(), lo.abs())[gid]
-        live = (size[gid] > 1) & (hi > lo)[gid] & (centred.abs() > tiny * scale)
-        if norm == "std":
-            std = (segment_sum(centred**2, gid, n) / size.clamp_min(1).to(r.dtype)).sqrt()
-            centred = centred / (std[gid] + eps)
-        adv[k, idx] = torch.where(live, centred, torch.zeros_like(centred))
-        counts[k, idx] = live
+        adv[k, idx], counts[k, idx] = segment_standardize(
+            ret[idx], gid, n, "no-contrast", eps, divide=norm == "std"
+        )
     return adv, counts
 
 

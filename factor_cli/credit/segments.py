@@ -108,3 +108,54 @@ def permute_within_segments(index: Tensor, generator: torch.Generator | None) ->
     keys = torch.rand(index.numel(), generator=generator, dtype=torch.float64, device=index.device)
     # run id + key in [0, 1): sorting keeps runs in order and shuffles inside each run.
     return torch.argsort(runs + keys)
+
+
+# -- group standardisation -------------------------------------------------------------------
+
+STANDARDIZE_RULES = ("min-std", "singleton", "no-contrast")
+"""When a member's standardised value is set to 0 (:func:`segment_standardize`)."""
+
+
+def segment_standardize(
+    x: Tensor,
+    index: Tensor,
+    num_segments: int,
+    rule: str,
+    eps: float,
+    ddof: int = 0,
+    divide: bool = True,
+    min_std: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """z_e = (x_e - mean_s x) / (std_s x + eps) within each segment s, or x_e - mean_s x with
+    ``divide=False``; std_s = sqrt(sum_s (x - mean_s)^2 / (n_s - ddof)) (ddof 0: population,
+    1: sample; the denominator is clamped to >= 1). Returns (z, live): z is 0 where ``live``
+    is False, by the ``rule`` of the method that standardises:
+
+    - ``min-std`` (A^seq of the group-standardize convention, :mod:`.advantage`): live iff
+      std_s >= ``min_std``. A group whose members all scored alike teaches nothing, and its
+      0 / eps would otherwise be 0 anyway; the threshold also zeroes float noise in std.
+    - ``singleton`` (GiGPO's step term, :mod:`.gigpo`): live iff n_s > 1. An anchor group of
+      one has nothing to be compared with; a group of equal returns gives 0 / (0 + eps) = 0
+      without a rule.
+    - ``no-contrast`` (HGPO's levels, :mod:`.hgpo`): live iff n_s > 1, the segment's values
+      are not all equal, and |x_e - mean_s| > 8 float-eps x max_s |x|: a level counts for an
+      action only where it says something about that action, and HGPO's adaptive weights
+      renormalise over the levels that count, so a 0 must be told apart from a dropped level.
+    """
+    if rule not in STANDARDIZE_RULES:
+        raise ValueError(f"rule must be one of {', '.join(STANDARDIZE_RULES)}, got {rule!r}")
+    size = segment_count(index, num_segments)
+    centred = x - segment_mean(x, index, num_segments)[index]
+    dof = (size - ddof).clamp_min(1).to(x.dtype)
+    std = (segment_sum(centred**2, index, num_segments) / dof).sqrt()[index]
+    if rule == "min-std":
+        live = std >= min_std
+    elif rule == "singleton":
+        live = size[index] > 1
+    else:
+        hi, lo = segment_max(x, index, num_segments), -segment_max(-x, index, num_segments)
+        scale = torch.maximum(hi.abs(), lo.abs())[index]
+        tiny = 8 * torch.finfo(x.dtype).eps
+        live = (size[index] > 1) & (hi > lo)[index] & (centred.abs() > tiny * scale)
+    z = centred / (std + eps) if divide else centred
+    return torch.where(live, z, torch.zeros_like(z)), live
