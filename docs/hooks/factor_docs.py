@@ -126,7 +126,7 @@ def config_reference() -> str:
                 _cell(doc),
             ]
         )
-    header = ["field", "default", "`smoke`", "`paper`", "meaning"]
+    header = ["field", "default", "smoke", "paper", "meaning"]
     out = []
     for section, rows in sections.items():
         title = section if section == "top level" else f"`{section}.*`"
@@ -162,7 +162,7 @@ def methods_table() -> str:
                 _cell(s.summary),
             ]
         )
-    header = ["method", "credit", "allocation", "schedule", "KL", "continuations", "reduction"]
+    header = ["method", "credit", "allocation", "schedule", "KL", "cont.", "reduction"]
     return _table([*header, "summary"], rows)
 
 
@@ -285,8 +285,9 @@ def api_pages() -> dict[str, str]:
     pages["api/library.md"] = (
         "# Library surface\n\n"
         "The modules another RL stack or a new adapter builds on, besides "
-        "[`factor_cli.credit`](credit.md) and [`factor_cli.stats`](stats.md).\n\n"
-        + _blocks(LIBRARY_MODULES)
+        "[`factor_cli.credit`](credit.md) and [`factor_cli.stats`](stats.md). The training "
+        "config's fields, with their descriptions and defaults, are on the "
+        "[config reference](../config.md).\n\n" + _blocks(LIBRARY_MODULES)
     )
     return pages
 
