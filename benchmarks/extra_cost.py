@@ -125,7 +125,7 @@ class Meter:
 def instrument(trainer: Trainer) -> Meter:
     """Hooks on the generation model, the engine pool and the generation phases."""
     meter = Meter()
-    model = trainer.generator.model
+    model = trainer.backend.model
     model.register_forward_pre_hook(meter.before_forward, with_kwargs=True)
     model.register_forward_hook(meter.after_forward)
     pool = trainer.pool

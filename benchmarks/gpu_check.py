@@ -222,7 +222,7 @@ def train_case(model_dir: Path, work: Path, device: str, method: str) -> dict[st
         saved = trainer.save(work / f"train-{method}", None)
         trainer.engine.save_pretrained(work / f"train-{method}-model", trainer.policy.tokenizer)
         t1 = time.perf_counter()
-        items = evaluate(trainer.generator, cfg, cfg.method)
+        items = evaluate(trainer.backend, cfg, cfg.method)
         eval_s = time.perf_counter() - t1
     finally:
         trainer.close()

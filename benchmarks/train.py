@@ -41,7 +41,7 @@ COUNTERS = ("reused_tokens", "prefill_tokens")
 
 def _counter(trainer: Trainer, name: str) -> int | None:
     """A generation counter of the trainer's backend (None where an older checkout lacks it)."""
-    return getattr(trainer.generator, name, None)
+    return getattr(trainer.backend, name, None)
 
 
 def _delta(after: int | None, before: int | None) -> int | None:

@@ -185,7 +185,7 @@ class RolloutRunner:
     ) -> None:
         """``constrain``: decode each reply as one of the current admissible actions
         (valid-action decoding, :meth:`GenerationBackend.generate`'s ``allowed``)."""
-        self.pool, self.generator, self.fmt, self.max_turns = pool, generator, fmt, max_turns
+        self.pool, self.backend, self.fmt, self.max_turns = pool, generator, fmt, max_turns
         self.shard = shard
         self.constrain = constrain
         self.tokenizer = generator.tokenizer
@@ -334,7 +334,7 @@ class RolloutRunner:
             ]
             allowed = [every for _, every in admissible] if self.constrain else None
             keep = [live[s].job.scored for s in slots]
-            gens = self.generator.generate(
+            gens = self.backend.generate(
                 prompts,
                 temperature=temperature,
                 greedy=greedy,

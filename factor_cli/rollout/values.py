@@ -32,7 +32,7 @@ def boundary_features(
     return torch.cat(feats) if feats else torch.zeros(0)
 
 
-def continuation_targets(
+def value_training_pairs(
     root_features: torch.Tensor, episodes: Sequence[Episode], result: ContinuationResult
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(features [N_c, H], targets [N_c]) of every continuation that ran.

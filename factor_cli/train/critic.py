@@ -97,7 +97,7 @@ class CriticEngine(Engine):
         self, prompts: Sequence[Sequence[int]], replies: Sequence[Sequence[int]], pad_id: int
     ) -> list[torch.Tensor]:
         """V before every reply token with gradient, through the engine's forward."""
-        return reply_values(self.model, prompts, replies, pad_id, with_grad=True)
+        return reply_values(self.wrapped_module, prompts, replies, pad_id, with_grad=True)
 
 
 def build_critic(cfg: TrainConfig, policy: Policy) -> Critic:

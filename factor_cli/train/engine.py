@@ -124,7 +124,7 @@ class Engine:
         return self.engine.module
 
     @property
-    def model(self) -> torch.nn.Module:
+    def wrapped_module(self) -> torch.nn.Module:
         """The model as the update must call it: through DeepSpeed's forward, whose bookkeeping
         tells ZeRO-3 that a new micro-batch begins (else each backward overwrites the gradient
         accumulated so far instead of adding to it; measured: ZeRO-3 losses drifted from ZeRO-0

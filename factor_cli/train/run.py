@@ -288,7 +288,7 @@ def _train_steps(
         if result.step % cfg.checkpoint_every == 0 or result.step == total:
             trainer.save(run_dir, run.run_id)
         if cfg.eval.every and result.step % cfg.eval.every == 0 and result.step < total:
-            ev = play_evaluation(trainer.generator, cfg, cfg.method, shard=trainer.shard)
+            ev = play_evaluation(trainer.backend, cfg, cfg.method, shard=trainer.shard)
             _record_eval(cfg, trainer, run, run_dir, ranks, result.step, ev, "eval_metric")
             if ranks.main:
                 _plot(cfg, run, run_dir)
@@ -384,7 +384,7 @@ def _start_eval(
         log("starting policy: not evaluated before this resumed run's first step; no comparison")
         return None
     ev = play_evaluation(
-        trainer.generator,
+        trainer.backend,
         cfg,
         cfg.method,
         on_turn=lambda i, n: progress("eval (start)", i, n),
@@ -461,7 +461,7 @@ def _finish(
             shutil.rmtree(final)
         tmp.rename(final)
     ev = play_evaluation(
-        trainer.generator,
+        trainer.backend,
         cfg,
         cfg.method,
         on_turn=lambda i, n: progress("eval", i, n),

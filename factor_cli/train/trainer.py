@@ -49,7 +49,7 @@ from factor_cli.rollout.continuations import (
 from factor_cli.rollout.packing import RolloutBatch, pack_episodes
 from factor_cli.rollout.runner import Episode, Job, RolloutRunner, Start
 from factor_cli.rollout.teacher import teacher_logprobs, teacher_prompt_texts
-from factor_cli.rollout.values import boundary_features, continuation_targets
+from factor_cli.rollout.values import boundary_features, value_training_pairs
 
 from . import checkpoint
 from .config import ConfigError, TrainConfig
@@ -133,13 +133,13 @@ class Trainer:
                 "gathers its partitioned weights in every one (use zero_stage 0-2 or vllm)"
             )
         self.shard = self.ranks if self.ranks.world > 1 else None
-        self.generator = BACKENDS.get(cfg.rollout.backend)(
+        self.backend = BACKENDS.get(cfg.rollout.backend)(
             self.policy,
             max_new_tokens=cfg.rollout.max_new_tokens,
             max_context=cfg.rollout.max_context,
             prefix_reuse=cfg.rollout.prefix_reuse,
         )
-        self.pad_id = self.generator.pad_id
+        self.pad_id = self.backend.pad_id
         self.fmt = prompt_format(cfg)
         hidden = int(self.policy.model.config.hidden_size)
         with torch.random.fork_rng(devices=[]):
@@ -159,7 +159,7 @@ class Trainer:
         self.max_turns = cfg.env.max_turns or self.pool[0].max_turns
         self.runner = RolloutRunner(
             self.pool,
-            self.generator,
+            self.backend,
             self.fmt,
             self.max_turns,
             shard=self.shard,
@@ -245,7 +245,7 @@ class Trainer:
             return {}
         out: dict[str, float] = {}
         if cont is not None and cont.episodes:
-            x, y = continuation_targets(feats, roots, cont)
+            x, y = value_training_pairs(feats, roots, cont)
             if len(y):
                 # Calibration of what credit reads (the target head) on targets it has not
                 # been fitted on yet; value_mse below is the online head's training loss.
@@ -314,7 +314,7 @@ class Trainer:
             self.policy.tokenizer,
             self.fmt,
             roots,
-            self.generator.encode,
+            self.backend.encode,
             self.cfg.rollout.temperature,
         )
 
@@ -335,8 +335,8 @@ class Trainer:
     def _rollout_scorer(self) -> Scorer | None:
         """The backend's scorer from its prefix cache (hf, ``rollout.prefix_reuse``), which the
         update may use while the weights are still the rollout's; None otherwise."""
-        if self.cfg.rollout.prefix_reuse and not self.generator.copies_weights:
-            return self.generator.score
+        if self.cfg.rollout.prefix_reuse and not self.backend.copies_weights:
+            return self.backend.score
         return None
 
     def phase_credit(self, k: int, rb: RolloutBatch) -> CreditAssignment:
@@ -421,15 +421,15 @@ class Trainer:
         teacher_prompts = None
         if credit.kl_coef > 0:
             texts = teacher_prompt_texts(self.fmt, self.policy.tokenizer, roots)
-            teacher_prompts = [ids for ids, _ in self.generator.encode(texts)]
+            teacher_prompts = [ids for ids, _ in self.backend.encode(texts)]
         stats = timed("update", lambda: self.phase_update(k, rb, credit, teacher_prompts))
         # vLLM holds its own copy of the weights and loads the new ones; hf samples with the
         # trainer's module, so gathering ZeRO-3's partitions for it would be a wasted copy.
-        if self.generator.copies_weights:
+        if self.backend.copies_weights:
             with self.engine.full_parameters() as module:
-                self.generator.refresh(module)
+                self.backend.refresh(module)
         else:  # the same module, new weights: hf drops its prefix KV cache (stale now)
-            self.generator.refresh()
+            self.backend.refresh()
         self.step = k
         dev = coefficient_deviation(credit.weight, rb.batch.action_index, rb.batch.num_actions)
         outcomes = [e.outcome.outcome for e in roots if e.outcome]
@@ -466,7 +466,7 @@ class Trainer:
             metrics["critic_grad_norm"] = stats.critic_grad_norm
         else:
             del metrics["time_critic"]
-        gap = self.generator.last_logprob_gap
+        gap = self.backend.last_logprob_gap
         if gap is not None:  # vLLM log-probs were re-scored by the trainer model: report the gap
             metrics["vllm_logprob_gap"] = float(gap)
         return StepResult(
@@ -508,4 +508,4 @@ class Trainer:
     def close(self) -> None:
         """Shut the environments and the generation backend (vLLM's engine processes) down."""
         self.pool.close()
-        self.generator.close()
+        self.backend.close()

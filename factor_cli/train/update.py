@@ -317,7 +317,7 @@ def gather(ctx: UpdateContext, acts: Sequence[int]) -> MicroInputs:
     rb, credit, layout = ctx.rb, ctx.credit, ctx.layout
     temperature = ctx.cfg.rollout.temperature
     sc = score_replies(
-        ctx.engine.model,
+        ctx.engine.wrapped_module,
         [rb.prompts[a] for a in acts],
         [rb.replies[a] for a in acts],
         temperature,
@@ -401,7 +401,7 @@ def padding_step(ctx: UpdateContext, boundary: bool) -> None:
     """A zero-loss forward and backward on one pad token (and the teacher's forward when the
     KL term runs): a rank whose share is used up still joins every ZeRO-3 gather."""
     pad = [[ctx.pad_id]]
-    dummy = score_replies(ctx.engine.model, pad, pad, 1.0, ctx.pad_id, True)
+    dummy = score_replies(ctx.engine.wrapped_module, pad, pad, 1.0, ctx.pad_id, True)
     if ctx.with_kl:
         score_replies(ctx.engine.module, pad, pad, 1.0, ctx.pad_id)
     ctx.engine.backward(dummy.logprobs[0].sum() * 0.0, boundary=boundary)

@@ -408,7 +408,7 @@ def test_cached_scoring_equals_the_model_forward(policy) -> None:
 
 def test_values_and_continuation_targets(policy, gen: HFGenerator, roots) -> None:
     from factor_cli.policy.value_head import TargetValueHead, ValueHead
-    from factor_cli.rollout.values import boundary_features, continuation_targets
+    from factor_cli.rollout.values import boundary_features, value_training_pairs
 
     runner, eps = roots
     hidden = policy.model.config.hidden_size
@@ -423,7 +423,7 @@ def test_values_and_continuation_targets(policy, gen: HFGenerator, roots) -> Non
     res = run_continuations(
         runner, eps, "leave-one-out", budget=2, per_checkpoint=2, horizon=2, seed=9
     )
-    x, y = continuation_targets(feats, eps, res)
+    x, y = value_training_pairs(feats, eps, res)
     assert x.shape == (len(res.episodes), hidden) and y.shape == (len(res.episodes),)
     first = res.checkpoints[res.checkpoint_of[0]]
     row = sum(len(e.turns) for e in eps[: first.episode]) + first.turn

@@ -66,10 +66,10 @@ def test_method_improves_a_tiny_policy(method: str, tiny_model_dir: Path, tmp_pa
     cfg = load_config("smoke", learning_overrides(tiny_model_dir, tmp_path, method))
     trainer = Trainer(cfg)
     try:
-        start = play_evaluation(trainer.generator, cfg, method).items
+        start = play_evaluation(trainer.backend, cfg, method).items
         for _ in range(STEPS):
             trainer.train_step()
-        final = play_evaluation(trainer.generator, cfg, method).items
+        final = play_evaluation(trainer.backend, cfg, method).items
     finally:
         trainer.close()
     cmp = paired_comparison(start, final, seed=cfg.seed, replicates=2000)

@@ -103,7 +103,7 @@ def test_every_method_trains_two_steps(
             assert ("critic_loss" in m) == spec.critic == (trainer.critic is not None), m
             assert (m["continuation_interactions"] > 0) == spec.continuations, m
             # The rollout filled the hf prefix cache; the update made it stale, so it is gone.
-            assert trainer.generator.prefix_reuse and len(trainer.generator.prefix_cache) == 0
+            assert trainer.backend.prefix_reuse and len(trainer.backend.prefix_cache) == 0
     finally:
         trainer.close()
 
