@@ -42,6 +42,7 @@ from factor_cli.train.run import warm_start
 from factor_cli.train.trainer import Trainer
 
 COIN = "numDistractorItems=0,includeDoors=0"
+COOK = "numDistractorItems=0,includeDoors=0,limitInventorySize=0"
 GRIDS: dict[str, list[tuple[str, list[str]]]] = {
     "default": [
         (
@@ -55,6 +56,19 @@ GRIDS: dict[str, list[tuple[str, list[str]]]] = {
         )
         for n, t in ((3, 10), (3, 6), (6, 12), (6, 20))
         for g, e in ((120, 2), (30, 1))
+    ],
+    # The mini-replication's second look (issue 29): a second game of the family, measured
+    # before its comparison was run.
+    "cooking": [
+        (
+            f"cooking{i} T{t}",
+            [
+                "env.games=[cookingworld]",
+                f"env.options.params.cookingworld=numLocations=1,numIngredients={i},{COOK}",
+                f"env.max_turns={t}",
+            ],
+        )
+        for i, t in ((1, 12), (2, 16))
     ],
 }
 

@@ -157,7 +157,7 @@ def served(matrix: Matrix) -> list[tuple[str, str, int]]:
 
 
 def test_shipped_specs_are_the_papers_studies_and_ci() -> None:
-    assert shipped_specs() == sorted([*TABLES, "ci", "mini"])
+    assert shipped_specs() == sorted([*TABLES, "ci", "mini", "mini-cooking"])
 
 
 def test_mini_replication_fixes_its_protocol() -> None:
@@ -716,3 +716,18 @@ def test_string_values_reach_the_config_unchanged(tmp_path: Path, path_value: st
     (cell,) = expand(spec, path).cells
     assert cell.error is None
     assert cell.config.model.path == path_value
+
+
+def test_the_second_look_fixes_its_protocol() -> None:
+    """Issue 29's second look: mini's protocol on cookingworld at one horizon, three seeds."""
+    spec, path = load_spec("mini-cooking")
+    matrix = expand(spec, path)
+    assert len(matrix.cells) == 9 and all(c.error is None for c in matrix.cells)
+    assert Counter(c.config.method for c in matrix.cells) == {
+        "grpo": 3, "serl-repro": 3, "factor": 3,
+    }  # fmt: skip
+    for cell in matrix.cells:
+        cfg = cell.config
+        assert cfg.env.games == ["cookingworld"] and cfg.env.max_turns == 12
+        assert (cfg.continuations.budget, cfg.continuations.per_checkpoint) == (2, 4)
+        assert (cfg.steps, cfg.eval.max_items, cfg.checkpoint_keep_every) == (12, 100, 4)
