@@ -34,7 +34,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import pandas as pd
 
@@ -154,7 +154,21 @@ def _last_per_step(path: Path) -> list[dict[str, Any]]:
     return [rows[k] for k in sorted(rows)]
 
 
-class _RankRun:
+@runtime_checkable
+class RunLog(Protocol):
+    """What training writes to its run: the ledger run on rank 0
+    (:class:`~factor_cli.ledger.runs.LedgerRun`), a :class:`RankRun` on the other ranks."""
+
+    run_id: str
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def log_items(self, items: pd.DataFrame, name: str = "eval_items.csv") -> Any: ...
+
+    def log_artifact(self, path: Path | str, artifact_path: str | None = None) -> None: ...
+
+
+class RankRun:
     """What a rank other than 0 holds instead of the ledger run: its id, and no writes."""
 
     def __init__(self, run_id: str) -> None:
@@ -201,26 +215,27 @@ def train(
         Heartbeat(opened) if opened is not None else nullcontext(),
     ):
         run_id = ranks.broadcast(opened.run_id if opened is not None else None)
-        run = opened if opened is not None else _RankRun(str(run_id))
+        run: RunLog = opened if opened is not None else RankRun(str(run_id))
         if on_run is not None:
             on_run(run.run_id)
         run_dir = Path(cfg.output_dir) / run.run_id
         if ranks.main:
             run_dir.mkdir(parents=True, exist_ok=True)
         trainer = Trainer(cfg, model_path, progress, ranks)
+        ctx = _Ctx(cfg, trainer, run, run_dir, ranks, progress, log)
         try:
             if resume_run_id:
                 last = checkpoint.latest(run_dir)
                 if last is not None:
                     trainer.load(last)
                     log(f"resumed {run.run_id} at step {trainer.step} from {last}")
-            start = _start_eval(cfg, trainer, run, run_dir, ranks, progress, log)
-            metrics = _train_steps(cfg, trainer, run, run_dir, ranks, progress, stop_after)
+            start = _start_eval(ctx)
+            metrics = _train_steps(ctx, stop_after)
             if trainer.step < cfg.total_steps:  # stopped early (stop_after)
                 return RunSummary(run.run_id, run_dir, trainer.step, metrics, None, None)
-            final, items_path = _finish(cfg, trainer, run, run_dir, ranks, progress)
-            comparison = _compare(cfg, start, final, trainer.step, run, ranks, log)
-            plot = _plot(cfg, run, run_dir) if ranks.main else None
+            final, items_path = _finish(ctx)
+            comparison = _compare(ctx, start, final)
+            plot = _plot(ctx) if ranks.main else None
             value = metric(final)
             return RunSummary(
                 run.run_id, run_dir, trainer.step, metrics, value, items_path, comparison, plot
@@ -261,19 +276,25 @@ def _open_ledger_run(
     )
 
 
-def _train_steps(
-    cfg: TrainConfig,
-    trainer: Trainer,
-    run: Any,
-    run_dir: Path,
-    ranks: Ranks,
-    progress: Progress,
-    stop_after: int | None,
-) -> dict[str, float]:
+@dataclass(frozen=True)
+class _Ctx:
+    """What every phase of a training run after the warm start reads."""
+
+    cfg: TrainConfig
+    trainer: Trainer
+    run: RunLog
+    run_dir: Path
+    ranks: Ranks
+    progress: Progress
+    log: Log
+
+
+def _train_steps(ctx: _Ctx, stop_after: int | None) -> dict[str, float]:
     """Steps up to ``cfg.total_steps`` (or ``stop_after``): log, checkpoint, periodic eval.
 
     Returns the last step's metrics.
     """
+    cfg, trainer, run, run_dir, ranks = ctx.cfg, ctx.trainer, ctx.run, ctx.run_dir, ctx.ranks
     total = cfg.total_steps
     metrics: dict[str, float] = {}
     while trainer.step < total:
@@ -282,22 +303,22 @@ def _train_steps(
         run.log_metrics(metrics, step=result.step)
         if ranks.main:
             _append_jsonl(run_dir / "metrics.jsonl", {"step": result.step, **metrics})
-            _step_transcript(cfg, trainer, run, run_dir, result)
-            _step_records(cfg, run, run_dir, result)
-        progress("steps", result.step, total)
+            _step_transcript(ctx, result)
+            _step_records(ctx, result)
+        ctx.progress("steps", result.step, total)
         if result.step % cfg.checkpoint_every == 0 or result.step == total:
             trainer.save(run_dir, run.run_id)
         if cfg.eval.every and result.step % cfg.eval.every == 0 and result.step < total:
             ev = play_evaluation(trainer.backend, cfg, cfg.method, shard=trainer.shard)
-            _record_eval(cfg, trainer, run, run_dir, ranks, result.step, ev, "eval_metric")
+            _record_eval(ctx, result.step, ev, "eval_metric")
             if ranks.main:
-                _plot(cfg, run, run_dir)
+                _plot(ctx)
         if stop_after is not None and result.step >= stop_after:
             break
     return metrics
 
 
-def _write_transcript(run: Any, run_dir: Path, name: str, text: str) -> None:
+def _write_transcript(run: RunLog, run_dir: Path, name: str, text: str) -> None:
     """``transcripts/<name>`` written whole (temporary file + rename) and logged to the run;
     a replayed step (after a resume) rewrites its file instead of adding to it."""
     path = run_dir / TRANSCRIPTS_DIR / name
@@ -305,78 +326,59 @@ def _write_transcript(run: Any, run_dir: Path, name: str, text: str) -> None:
     run.log_artifact(path, TRANSCRIPTS_DIR)
 
 
-def _step_transcript(
-    cfg: TrainConfig, trainer: Trainer, run: Any, run_dir: Path, result: StepResult
-) -> None:
+def _step_transcript(ctx: _Ctx, result: StepResult) -> None:
     """The step's sample episodes with their credit (``transcripts.episodes_per_step``)."""
-    n, rec = cfg.transcripts.episodes_per_step, result.record
+    n, rec = ctx.cfg.transcripts.episodes_per_step, result.record
     if n == 0 or rec is None:
         return
-    records = step_records(
-        result.step, rec.roots, rec.batch, rec.credit, rec.values, trainer.policy.tokenizer, n
-    )
-    _write_transcript(run, run_dir, file_name("step", result.step), to_jsonl(records))
+    tokenizer = ctx.trainer.policy.tokenizer
+    records = step_records(result.step, rec.roots, rec.batch, rec.credit, rec.values, tokenizer, n)
+    _write_transcript(ctx.run, ctx.run_dir, file_name("step", result.step), to_jsonl(records))
 
 
-def _step_records(cfg: TrainConfig, run: Any, run_dir: Path, result: StepResult) -> None:
+def _step_records(ctx: _Ctx, result: StepResult) -> None:
     """The step's per-action and per-continuation records (``transcripts.records``), each
     file written whole and logged under ``records/``."""
     rec = result.record
-    if not cfg.transcripts.records or rec is None:
+    if not ctx.cfg.transcripts.records or rec is None:
         return
     tables = {
         "actions": (action_rows(result.step, rec.roots, rec.batch, rec.credit), ACTION_COLUMNS),
         "continuations": (continuation_rows(result.step, rec.continuations), CONTINUATION_COLUMNS),
     }
     for kind, (rows, columns) in tables.items():
-        path = run_dir / RECORDS_DIR / record_name(kind, result.step)
+        path = ctx.run_dir / RECORDS_DIR / record_name(kind, result.step)
         with atomic_target(path) as out:
             pd.DataFrame(rows, columns=list(columns)).to_csv(out, index=False)
-        run.log_artifact(path, RECORDS_DIR)
+        ctx.run.log_artifact(path, RECORDS_DIR)
 
 
-def _record_eval(
-    cfg: TrainConfig,
-    trainer: Trainer,
-    run: Any,
-    run_dir: Path,
-    ranks: Ranks,
-    step: int,
-    ev: Evaluation,
-    key: str,
-) -> float:
+def _record_eval(ctx: _Ctx, step: int, ev: Evaluation, key: str) -> float:
     """Log one evaluation's macro success as ``key`` at ``step``; on rank 0 append it to
     ``evals.jsonl`` (the progress plot) and write its episodes' transcript."""
     value = metric(ev.items)
-    run.log_metrics({key: value}, step=step)
-    if ranks.main:
-        _append_jsonl(run_dir / EVALS_LOG, {"step": step, "eval_metric": value,
-                                             "items": len(ev.items)})  # fmt: skip
-        if cfg.transcripts.eval:
+    ctx.run.log_metrics({key: value}, step=step)
+    if ctx.ranks.main:
+        _append_jsonl(ctx.run_dir / EVALS_LOG, {"step": step, "eval_metric": value,
+                                                 "items": len(ev.items)})  # fmt: skip
+        if ctx.cfg.transcripts.eval:
             categories = ev.items["category"].astype(str).tolist()
-            records = eval_records(step, ev.episodes, categories, trainer.policy.tokenizer)
-            _write_transcript(run, run_dir, file_name("eval", step), to_jsonl(records))
+            records = eval_records(step, ev.episodes, categories, ctx.trainer.policy.tokenizer)
+            _write_transcript(ctx.run, ctx.run_dir, file_name("eval", step), to_jsonl(records))
     return value
 
 
-def _start_eval(
-    cfg: TrainConfig,
-    trainer: Trainer,
-    run: Any,
-    run_dir: Path,
-    ranks: Ranks,
-    progress: Progress,
-    log: Log,
-) -> pd.DataFrame | None:
+def _start_eval(ctx: _Ctx) -> pd.DataFrame | None:
     """The starting policy's item-level results (``eval.start``), evaluated before step 1.
 
     A resumed run reads them back from ``eval_items_start.csv`` instead; one resumed past
     step 0 without them (started with ``eval.start=false``) has no starting policy left to
     evaluate and returns None. Other ranks than 0 return None (only rank 0 compares).
     """
+    cfg, trainer, ranks, log = ctx.cfg, ctx.trainer, ctx.ranks, ctx.log
     if not cfg.eval.start:
         return None
-    path = run_dir / START_ITEMS
+    path = ctx.run_dir / START_ITEMS
     if ranks.broadcast(path.exists() if ranks.main else None):  # every rank takes one branch
         log(f"starting policy: evaluated before, items in {path}")
         return pd.read_csv(path, dtype={"item_id": str, "category": str}) if ranks.main else None
@@ -387,11 +389,11 @@ def _start_eval(
         trainer.backend,
         cfg,
         cfg.method,
-        on_turn=lambda i, n: progress("eval (start)", i, n),
+        on_turn=lambda i, n: ctx.progress("eval (start)", i, n),
         shard=trainer.shard,
     )
-    value = _record_eval(cfg, trainer, run, run_dir, ranks, 0, ev, "eval_metric_start")
-    run.log_items(ev.items[ITEM_COLUMNS], name=START_ITEMS)
+    value = _record_eval(ctx, 0, ev, "eval_metric_start")
+    ctx.run.log_items(ev.items[ITEM_COLUMNS], name=START_ITEMS)
     if ranks.main:
         with atomic_target(path) as out:  # last: its presence means the start eval is done
             ev.items.to_csv(out, index=False)
@@ -399,37 +401,31 @@ def _start_eval(
     return ev.items if ranks.main else None
 
 
-def _compare(
-    cfg: TrainConfig,
-    start: pd.DataFrame | None,
-    final: pd.DataFrame,
-    step: int,
-    run: Any,
-    ranks: Ranks,
-    log: Log,
-) -> Comparison | None:
-    """Final vs starting policy on the items both evaluated, logged at ``step`` (rank 0)."""
-    if start is None or not ranks.main:
+def _compare(ctx: _Ctx, start: pd.DataFrame | None, final: pd.DataFrame) -> Comparison | None:
+    """Final vs starting policy on the items both evaluated, logged at the run's last step
+    (rank 0)."""
+    if start is None or not ctx.ranks.main:
         return None
-    cmp = paired_comparison(start, final, seed=cfg.seed)
+    cmp = paired_comparison(start, final, seed=ctx.cfg.seed)
     if cmp.items < len(final):
-        log(f"start vs final: {cmp.items} of the {len(final)} final items were evaluated at the "
-            "start (eval.max_items changed?); compared on those")  # fmt: skip
-    run.log_metrics(
+        ctx.log(f"start vs final: {cmp.items} of the {len(final)} final items were evaluated at "
+                "the start (eval.max_items changed?); compared on those")  # fmt: skip
+    ctx.run.log_metrics(
         {
             "eval_metric_delta": cmp.delta,
             "eval_metric_delta_ci_low": cmp.ci_low,
             "eval_metric_delta_ci_high": cmp.ci_high,
         },
-        step=step,
+        step=ctx.trainer.step,
     )
     return cmp
 
 
-def _plot(cfg: TrainConfig, run: Any, run_dir: Path) -> Path:
+def _plot(ctx: _Ctx) -> Path:
     """``progress.png`` from ``metrics.jsonl`` and ``evals.jsonl`` (replaced whole), logged."""
     from factor_cli.stats.progress import run_progress
 
+    cfg, run, run_dir = ctx.cfg, ctx.run, ctx.run_dir
     train = _last_per_step(run_dir / "metrics.jsonl")
     evals = _last_per_step(run_dir / EVALS_LOG)
     out = run_dir / PROGRESS_PNG
@@ -449,10 +445,9 @@ def _plot(cfg: TrainConfig, run: Any, run_dir: Path) -> Path:
     return out
 
 
-def _finish(
-    cfg: TrainConfig, trainer: Trainer, run: Any, run_dir: Path, ranks: Ranks, progress: Progress
-) -> tuple[pd.DataFrame, Path]:
+def _finish(ctx: _Ctx) -> tuple[pd.DataFrame, Path]:
     """Export the final model (atomically) and evaluate it; returns (items, items path)."""
+    cfg, trainer, run, run_dir, ranks = ctx.cfg, ctx.trainer, ctx.run, ctx.run_dir, ctx.ranks
     final = run_dir / "model"
     tmp = run_dir / ".model.tmp"
     trainer.engine.save_pretrained(tmp, trainer.policy.tokenizer)  # all ranks: ZeRO-3
@@ -464,7 +459,7 @@ def _finish(
         trainer.backend,
         cfg,
         cfg.method,
-        on_turn=lambda i, n: progress("eval", i, n),
+        on_turn=lambda i, n: ctx.progress("eval", i, n),
         shard=trainer.shard,
     )
     items_path = run_dir / "eval_items.csv"
@@ -472,7 +467,7 @@ def _finish(
         with atomic_target(items_path) as out:
             ev.items.to_csv(out, index=False)
     run.log_items(ev.items[ITEM_COLUMNS])
-    _record_eval(cfg, trainer, run, run_dir, ranks, trainer.step, ev, "eval_metric")
+    _record_eval(ctx, trainer.step, ev, "eval_metric")
     return ev.items, items_path
 
 
