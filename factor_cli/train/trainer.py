@@ -1,6 +1,12 @@
-"""The training loop. One step (docs/design.md section 2.6) reads as a sequence of named phases:
+"""The training loop. One step (docs/design.md section 2.6) is a sequence of named phases, each
+on the frozen records the earlier ones returned (:mod:`.step`):
 
-    rollout -> continuations + value -> teacher -> credit -> update -> log
+    rollout -> teacher, value features -> continuations -> value fit -> pack -> critic
+            -> credit -> update -> refresh; then the step's metrics (:mod:`.step_metrics`)
+
+The teacher and the value features run before the continuations: with hf's prefix reuse they
+score the rollout's prompts from the KV the rollout left in the cache, which continuations
+played afterwards would evict (the rollout's :class:`~.step.ScoringSession` enforces it).
 
 Every stochastic choice derives from (seed, step), so a run resumed from a checkpoint replays
 the remaining steps exactly as an uninterrupted run would.
@@ -9,9 +15,7 @@ the remaining steps exactly as an uninterrupted run would.
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,10 +29,7 @@ from factor_cli.credit import (
     METHODS,
     CreditAssignment,
     assign_credit,
-    coefficient_deviation,
-    group_signal,
     sign_agreement,
-    zero_credit_share,
 )
 from factor_cli.envs.pool import EnvPool
 from factor_cli.policy.generation.backends import BACKENDS
@@ -58,6 +59,8 @@ from .data import instances, sample_groups
 from .distributed import Ranks
 from .engine import Engine, Engines
 from .prompts import prompt_format
+from .step import PhaseClock, Rollout, ScoringSession, ValueFit
+from .step_metrics import step_metrics
 from .streams import stream_generator, stream_seed
 from .update import UpdateStats, ppo_update
 
@@ -166,13 +169,12 @@ class Trainer:
             constrain=cfg.rollout.valid_action_decoding,
         )
         self.step = 0
-        self._values: torch.Tensor | None = None
-        self._lost = 0
 
     # -- phases -----------------------------------------------------------------------------
-    def phase_rollout(self, k: int) -> tuple[list[Episode], list[list[Episode]] | None]:
-        """The root episodes, and with ``continuations.overlap`` every root's continuations
-        (started as each root ends: :class:`ContinuationPlan`), else None."""
+    def phase_rollout(self, k: int) -> Rollout:
+        """The root episodes of step k (the usable ones, :meth:`_usable`), with
+        ``continuations.overlap`` every root's continuations (started as each root ends:
+        :class:`ContinuationPlan`), and the scoring session over their prompts."""
         cfg = self.cfg
         picks = sample_groups(self.train_pool, cfg.rollout.groups, cfg.seed, k)
         starts = [
@@ -182,12 +184,22 @@ class Trainer:
         jobs = [Job(s, i, seed, cfg.rollout.temperature) for i, s in enumerate(starts)]
         plan = self._plan(k) if self.spec.continuations and cfg.continuations.overlap else None
         self.policy.model.eval()
-        roots, followed = self.runner.play(
+        played, followed = self.runner.play(
             jobs,
             follow=None if plan is None else plan.jobs,
             on_turn=lambda i, n: self.progress("rollout", i, n),
         )
-        return roots, None if plan is None else followed
+        keys = self._usable(played)
+        cached = self._rollout_scorer()
+        session = ScoringSession(cached or self._model_scorer(), cached is not None)
+        return Rollout(
+            k,
+            [played[i] for i in keys],
+            keys,
+            None if plan is None else followed,
+            sum(e.error is not None for e in played),
+            session,
+        )
 
     def _plan(self, k: int) -> ContinuationPlan:
         c = self.cfg.continuations
@@ -196,21 +208,18 @@ class Trainer:
             c.budget, c.per_checkpoint, c.horizon, c.temperature, seed, c.support
         )
 
-    def phase_continuations(
-        self,
-        k: int,
-        roots: list[Episode],
-        keys: list[int],
-        played: list[list[Episode]] | None = None,
-    ) -> ContinuationResult | None:
-        """The continuations of the usable ``roots`` (``keys``: their rollout indices): the
-        ones the rollout played (``played``, every rollout root's, with overlap), else played
-        now."""
+    def phase_continuations(self, rollout: Rollout) -> ContinuationResult | None:
+        """The continuations of the usable roots: the ones the rollout played (with overlap),
+        else played now, which evicts the rollout's prompts from the prefix cache (the
+        session closes)."""
         if not self.spec.continuations:
             return None
-        plan = self._plan(k)
-        if played is not None:
-            return plan.result(roots, keys, [played[i] for i in keys], self._convention())
+        plan = self._plan(rollout.step)
+        roots, keys = rollout.roots, rollout.keys
+        if rollout.followed is not None:
+            followed = rollout.followed
+            return plan.result(roots, keys, [followed[i] for i in keys], self._convention())
+        rollout.session.close("the continuations played after the rollout")
         return run_continuations(
             self.runner,
             roots,
@@ -225,33 +234,29 @@ class Trainer:
             keys=keys,
         )
 
-    def phase_features(self, roots: list[Episode]) -> torch.Tensor | None:
+    def phase_features(self, rollout: Rollout) -> torch.Tensor | None:
         """The value head's feature of every root state (packing order); None without a head."""
         if not self.spec.uses_value_head:  # GRPO, SERL, GiGPO, mc: no value head to feed
             return None
-        return boundary_features(self._scorer(), [t.prompt_ids for e in roots for t in e.turns])
+        prompts = [t.prompt_ids for e in rollout.roots for t in e.turns]
+        return boundary_features(rollout.session.scorer, prompts)
 
     def phase_value(
-        self,
-        k: int,
-        roots: list[Episode],
-        cont: ContinuationResult | None,
-        feats: torch.Tensor | None,
-    ) -> dict[str, float]:
-        """Fit the online head on the replay buffer, update the target, return V_target (read
-        after this step's value update and EMA) at the root states' features ``feats``."""
+        self, rollout: Rollout, cont: ContinuationResult | None, feats: torch.Tensor | None
+    ) -> ValueFit:
+        """Fit the online head on the replay buffer, update the target, and read V_target
+        (after this step's value update and EMA) at the root states' features ``feats``."""
         if feats is None:
-            self._values = None
-            return {}
+            return ValueFit(None)
         out: dict[str, float] = {}
         if cont is not None and cont.episodes:
-            x, y = value_training_pairs(feats, roots, cont)
+            x, y = value_training_pairs(feats, rollout.roots, cont)
             if len(y):
                 # Calibration of what credit reads (the target head) on targets it has not
                 # been fitted on yet; value_mse below is the online head's training loss.
                 out["value_target_mse"] = float(((self.heads.values(x) - y) ** 2).mean())
-                self.buffer.add(k, x, y)
-                gen = stream_generator(self.cfg.seed, k, "value")
+                self.buffer.add(rollout.step, x, y)
+                gen = stream_generator(self.cfg.seed, rollout.step, "value")
                 out["value_mse"] = fit_value_head(
                     self.heads.online,
                     self.buffer,
@@ -261,9 +266,8 @@ class Trainer:
                     gen,
                 )
                 self.heads.update()
-                out["td_sign_agreement"] = self._sign_agreement(roots, feats, cont)
-        self._values = self.heads.values(feats)
-        return out
+                out["td_sign_agreement"] = self._sign_agreement(rollout.roots, feats, cont)
+        return ValueFit(self.heads.values(feats), out)
 
     def _sign_agreement(
         self, roots: list[Episode], feats: torch.Tensor, cont: ContinuationResult
@@ -306,28 +310,33 @@ class Trainer:
         rb.batch = dataclasses.replace(rb.batch, token_values=values).validate()
         return rb
 
-    def phase_teacher(self, roots: list[Episode]) -> list[list[float]] | None:
+    def phase_teacher(self, rollout: Rollout) -> list[list[float]] | None:
+        """The feedback-conditioned teacher's log-probs of every reply token (None for a
+        method without a teacher), scored through the rollout's session."""
         if not self.spec.uses_teacher:
             return None
         return teacher_logprobs(
-            self._scorer(),
+            rollout.session.scorer,
             self.policy.tokenizer,
             self.fmt,
-            roots,
+            rollout.roots,
             self.backend.encode,
             self.cfg.rollout.temperature,
         )
 
-    def _scorer(self) -> Scorer:
-        """The teacher's and the value head's scoring pass (no gradient, current weights).
-        With ``rollout.prefix_reuse``: a backend that samples with the trainer's module (hf)
-        scores from what the rollout already encoded (its prefix cache); otherwise the
-        trainer's model runs the radix-tree forward over the batch, the same on every rank
-        (every rank scores the gathered batch: ZeRO-3 needs as many forwards on each).
-        Without it: the plain padded forward."""
-        cached = self._rollout_scorer()
-        if cached is not None:
-            return cached
+    def phase_pack(
+        self, rollout: Rollout, value: ValueFit, teacher: list[list[float]] | None
+    ) -> RolloutBatch:
+        """The packed batch of the usable roots, with V_target and the teacher's log-probs."""
+        return pack_episodes(
+            rollout.roots, self._convention(), values=value.values, logp_teacher=teacher
+        )
+
+    def _model_scorer(self) -> Scorer:
+        """The trainer model's scoring pass (no gradient, current weights): the radix-tree
+        forward over the batch with ``rollout.prefix_reuse`` (the same on every rank: every
+        rank scores the gathered batch, as ZeRO-3 needs as many forwards on each), else the
+        plain padded forward."""
         return model_scorer(
             self.policy.model, self.pad_id, share_prefixes=self.cfg.rollout.prefix_reuse
         )
@@ -344,6 +353,14 @@ class Trainer:
         credit stream, never from the mini-batch order's."""
         gen = stream_generator(self.cfg.seed, k, "credit")
         return assign_credit(rb.batch, self.cfg.method, k, self.cfg.credit, self.cfg.reduction, gen)
+
+    def teacher_prompts(self, rollout: Rollout, credit: CreditAssignment) -> list[list[int]] | None:
+        """The teacher's prompt ids of every action, for the KL term (None when its
+        coefficient is 0 this step)."""
+        if credit.kl_coef <= 0:
+            return None
+        texts = teacher_prompt_texts(self.fmt, self.policy.tokenizer, rollout.roots)
+        return [ids for ids, _ in self.backend.encode(texts)]
 
     def phase_update(
         self,
@@ -373,12 +390,23 @@ class Trainer:
             self.critic.module.eval()
         return stats
 
+    def phase_refresh(self, rollout: Rollout) -> None:
+        """Hand the updated weights to the backend. vLLM holds its own copy and loads the new
+        ones; hf samples with the trainer's module, so gathering ZeRO-3's partitions for it
+        would be a wasted copy, and its prefix KV cache (stale now) is dropped: the rollout's
+        scoring session closes."""
+        if self.backend.copies_weights:
+            with self.engine.full_parameters() as module:
+                self.backend.refresh(module)
+        else:
+            self.backend.refresh()
+        rollout.session.close("the refresh after the update")
+
     def _usable(self, roots: list[Episode]) -> list[int]:
         """The indices of the episodes that can enter the batch. An episode lost before its
         first action (engine crash, failed start) has no action to credit; it is dropped (and
         counted in ``episodes_lost``), and a leave-one-out group left with one member is
         dropped whole."""
-        self._lost = sum(e.error is not None for e in roots)
         kept = [i for i, e in enumerate(roots) if e.turns]
         if self._convention() == "leave-one-out":
             size: dict[int, int] = {}
@@ -394,86 +422,25 @@ class Trainer:
 
     # -- one step ---------------------------------------------------------------------------
     def train_step(self) -> StepResult:
-        k = self.step + 1
-        times: dict[str, float] = {}
-
-        def timed(name: str, fn: Callable[[], Any]) -> Any:
-            t0 = time.perf_counter()
-            out = fn()
-            times[f"time_{name}"] = time.perf_counter() - t0
-            return out
-
-        played, followed = timed("rollout", lambda: self.phase_rollout(k))
-        keys = self._usable(played)
-        roots = [played[i] for i in keys]
-        # Before the continuations (when they did not overlap the rollout): the backend still
-        # holds the rollout's prompts (hf's prefix cache, which the continuations' prompts
-        # would evict), and both passes score them.
-        teacher = timed("teacher", lambda: self.phase_teacher(roots))
-        feats = timed("value", lambda: self.phase_features(roots))
-        cont = timed("continuations", lambda: self.phase_continuations(k, roots, keys, followed))
-        t_features = times["time_value"]
-        value_metrics = timed("value", lambda: self.phase_value(k, roots, cont, feats))
-        times["time_value"] += t_features
-        rb = pack_episodes(roots, self._convention(), values=self._values, logp_teacher=teacher)
-        rb = timed("critic", lambda: self.phase_critic(rb))
+        """One step: the phases in order, each on what the earlier ones returned. The teacher
+        and the value features score before the continuations, through the rollout's session
+        (:mod:`.step`)."""
+        clock, k = PhaseClock(), self.step + 1
+        rollout = clock.time("rollout", lambda: self.phase_rollout(k))
+        teacher = clock.time("teacher", lambda: self.phase_teacher(rollout))
+        feats = clock.time("value", lambda: self.phase_features(rollout))
+        cont = clock.time("continuations", lambda: self.phase_continuations(rollout))
+        value = clock.time("value", lambda: self.phase_value(rollout, cont, feats))
+        packed = self.phase_pack(rollout, value, teacher)
+        rb = clock.time("critic", lambda: self.phase_critic(packed))
         credit = self.phase_credit(k, rb)
-        teacher_prompts = None
-        if credit.kl_coef > 0:
-            texts = teacher_prompt_texts(self.fmt, self.policy.tokenizer, roots)
-            teacher_prompts = [ids for ids, _ in self.backend.encode(texts)]
-        stats = timed("update", lambda: self.phase_update(k, rb, credit, teacher_prompts))
-        # vLLM holds its own copy of the weights and loads the new ones; hf samples with the
-        # trainer's module, so gathering ZeRO-3's partitions for it would be a wasted copy.
-        if self.backend.copies_weights:
-            with self.engine.full_parameters() as module:
-                self.backend.refresh(module)
-        else:  # the same module, new weights: hf drops its prefix KV cache (stale now)
-            self.backend.refresh()
+        prompts = self.teacher_prompts(rollout, credit)
+        stats = clock.time("update", lambda: self.phase_update(k, rb, credit, prompts))
+        self.phase_refresh(rollout)
         self.step = k
-        dev = coefficient_deviation(credit.weight, rb.batch.action_index, rb.batch.num_actions)
-        outcomes = [e.outcome.outcome for e in roots if e.outcome]
-        metrics = {
-            "return_mean": float(np.mean(outcomes)) if outcomes else 0.0,
-            "success_rate": float(np.mean([e.outcome.success for e in roots if e.outcome])),
-            "turns_mean": float(np.mean([len(e.turns) for e in roots])),
-            "invalid_rate": float(np.mean([not t.valid for e in roots for t in e.turns])),
-            "episodes_lost": float(self._lost),
-            "actions": float(rb.batch.num_actions),
-            "action_tokens": float(rb.batch.num_tokens),
-            "root_interactions": float(sum(len(e.turns) for e in roots)),
-            "continuation_interactions": float(cont.interactions if cont else 0),
-            "replay_steps": float(cont.replay_steps if cont else 0),
-            "strength": credit.strength,
-            "kl_coef": credit.kl_coef,
-            "warmup": float(credit.warmup),
-            "coef_deviation_mean": float(dev.mean()),
-            "coef_deviation_median": float(dev.median()),
-            "group_signal": group_signal(credit.a_seq, rb.batch.group_index),
-            "zero_credit_share": zero_credit_share(credit.credit),
-            "loss": stats.loss,
-            "loss_action": stats.action_loss,
-            "loss_non_action": stats.non_action_loss,
-            "kl": stats.kl,
-            "grad_norm": stats.grad_norm,
-            "clip_fraction": stats.clip_fraction,
-            "approx_kl": stats.approx_kl,
-            **value_metrics,
-            **times,
-        }
-        if self.critic is not None:
-            metrics["critic_loss"] = stats.critic_loss
-            metrics["critic_grad_norm"] = stats.critic_grad_norm
-        else:
-            del metrics["time_critic"]
-        gap = self.backend.last_logprob_gap
-        if gap is not None:  # vLLM log-probs were re-scored by the trainer model: report the gap
-            metrics["vllm_logprob_gap"] = float(gap)
-        return StepResult(
-            k,
-            {m: v for m, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))},
-            StepRecord(roots, rb, credit, self._values, cont),
-        )
+        metrics = step_metrics(rollout, rb, cont, value, credit, stats, clock.times,
+                               self.critic is not None, self.backend.last_logprob_gap)  # fmt: skip
+        return StepResult(k, metrics, StepRecord(rollout.roots, rb, credit, value.values, cont))
 
     # -- checkpoints ------------------------------------------------------------------------
     def save(self, run_dir: Path, run_id: str | None) -> Path:
