@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from factor_cli.policy.generation.backends import BACKENDS
 from factor_cli.policy.model import load_policy
 from factor_cli.train.config import ConfigError, load_config
 from factor_cli.train.data import instances
 from factor_cli.train.evaluate import metric, play_evaluation
+from factor_cli.train.generation import make_backend
 from factor_cli.train.prompts import prompt_format
 from factor_cli.train.run import warm_start
 from factor_cli.train.trainer import Trainer
@@ -107,9 +107,7 @@ def measure(label: str, overrides: list[str], args: argparse.Namespace) -> dict[
     row: dict[str, Any] = {"setting": label, "overrides": overrides}
     row["warm_start_s"] = time.perf_counter() - t0
     policy = load_policy(path, cfg.model.dtype, cfg.model.device)
-    gen = BACKENDS.get(cfg.rollout.backend)(
-        policy, max_new_tokens=cfg.rollout.max_new_tokens, max_context=cfg.rollout.max_context
-    )
+    gen = make_backend(cfg.rollout, policy)
     cfg.eval.max_items = args.items
     row["greedy"] = metric(play_evaluation(gen, cfg, cfg.method).items)
     row.update(sampled_play(cfg, gen, args.items, args.k))

@@ -37,6 +37,7 @@ from pydantic import (
 
 from factor_cli.credit.config import PPO_CLIP_EPS, CreditConfig
 from factor_cli.policy import value_defaults
+from factor_cli.policy.generation import hf_options
 from factor_cli.policy.generation.base import (
     DEFAULT_MAX_CONTEXT,
     DEFAULT_MAX_NEW_TOKENS,
@@ -119,6 +120,33 @@ class EnvConfig(Strict):
         return v
 
 
+class HFConfig(Strict):
+    """The hf backend's optimisations (:mod:`factor_cli.policy.generation.hf_options`): each on
+    by default, each giving the same replies and log-probs as off within float rounding."""
+
+    prefix_cache_tokens: int | None = Field(
+        None, ge=0, description="Bound of the prefix cache in tokens (None: what 1 GiB of KV "
+        "holds, at most two full batches of contexts).",
+    )  # fmt: skip
+    shared_prefix_min: int | None = Field(
+        hf_options.SHARED_PREFIX_MIN, ge=1, description="Cascade attention (CPU): attend once "
+        "to a stored prefix shared by a whole batch when it has at least this many tokens "
+        "(null: never).",
+    )  # fmt: skip
+    stem_min: int | None = Field(
+        hf_options.STEM_MIN, ge=1, description="Shared stems: prefill once, first, what prompts "
+        "of a batch share past the cache when it is at least this many tokens (null: never).",
+    )  # fmt: skip
+    merge_duplicates: bool = Field(
+        hf_options.MERGE_DUPLICATES, description="Decode identical prompts of a seeded or "
+        "greedy batch in one row while their replies agree.",
+    )  # fmt: skip
+    skip_forced: bool = Field(
+        hf_options.SKIP_FORCED, description="Under valid-action decoding, skip the model for "
+        "tokens the action trie forces where no logits are read.",
+    )  # fmt: skip
+
+
 class RolloutConfig(Strict):
     groups: int = Field(16, ge=1, description="Task instances per step (B_traj = groups x k).")
     k: int = Field(8, ge=2, description="Trajectories per instance (group size K).")
@@ -144,6 +172,13 @@ class RolloutConfig(Strict):
         "each shared prefix of a batch once. Same replies and log-probs (within float "
         "rounding) as off; off is for comparison.",
     )
+    hf: HFConfig = Field(
+        default_factory=HFConfig, description="The hf backend's optimisations (each a switch)."
+    )
+
+    def backend_options(self) -> dict[str, Any]:
+        """The chosen backend's own options from this section (hf: ``rollout.hf``)."""
+        return {"hf": self.hf.model_dump()}.get(self.backend, {})
 
     @model_validator(mode="before")
     @classmethod

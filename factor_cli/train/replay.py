@@ -114,8 +114,8 @@ def mc_advantages(
     """A^MC_t (module docstring) of each ``chosen`` action, one row each (:data:`MC_COLUMNS`):
     ``step_actions`` are all the step's records (for the trajectories' action strings)."""
     from factor_cli.envs.pool import EnvPool
-    from factor_cli.policy.generation import BACKENDS
 
+    from .generation import make_backend
     from .prompts import prompt_format
 
     plays = {
@@ -132,12 +132,7 @@ def mc_advantages(
             key = (a * 2 + s) * plan.samples
             jobs += [Job(start, key + n, plan.seed, plan.temperature, scored=False)
                      for n in range(plan.samples)]  # fmt: skip
-    gen = BACKENDS.get(cfg.rollout.backend)(
-        policy,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        max_context=cfg.rollout.max_context,
-        prefix_reuse=cfg.rollout.prefix_reuse,
-    )
+    gen = make_backend(cfg.rollout, policy)
     try:
         with EnvPool(cfg.env.name, min(len(jobs), 64), **cfg.env.options) as pool:
             runner = RolloutRunner(pool, gen, prompt_format(cfg), plan.horizon,

@@ -580,15 +580,10 @@ def _greedy_play(
 ) -> tuple[Evaluation, Any]:
     """Load the model, play every instance of ``split`` greedily, release the backend; the
     evaluation and the tokenizer (for its transcript)."""
-    from factor_cli.policy.generation import BACKENDS
+    from .generation import make_backend
 
     policy = load_policy(str(model_dir), cfg.model.dtype, cfg.model.device)
-    gen = BACKENDS.get(cfg.rollout.backend)(
-        policy,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        max_context=cfg.rollout.max_context,
-        prefix_reuse=cfg.rollout.prefix_reuse,
-    )
+    gen = make_backend(cfg.rollout, policy)
     try:
         ev = play_evaluation(
             gen, cfg, cfg.method, on_turn=lambda i, n: progress("eval", i, n), split=split

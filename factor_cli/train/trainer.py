@@ -32,7 +32,6 @@ from factor_cli.credit import (
     sign_agreement,
 )
 from factor_cli.envs.pool import EnvPool
-from factor_cli.policy.generation.backends import BACKENDS
 from factor_cli.policy.generation.scoring import Scorer, model_scorer
 from factor_cli.policy.model import Policy, init_tiny, load_policy
 from factor_cli.policy.value_head import (
@@ -58,6 +57,7 @@ from .critic import CriticEngine, build_critic
 from .data import instances, sample_groups
 from .distributed import Ranks
 from .engine import Engine, Engines
+from .generation import make_backend
 from .prompts import prompt_format
 from .step import PhaseClock, Rollout, ScoringSession, ValueFit
 from .step_metrics import step_metrics
@@ -136,12 +136,7 @@ class Trainer:
                 "gathers its partitioned weights in every one (use zero_stage 0-2 or vllm)"
             )
         self.shard = self.ranks if self.ranks.world > 1 else None
-        self.backend = BACKENDS.get(cfg.rollout.backend)(
-            self.policy,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            max_context=cfg.rollout.max_context,
-            prefix_reuse=cfg.rollout.prefix_reuse,
-        )
+        self.backend = make_backend(cfg.rollout, self.policy)
         self.pad_id = self.backend.pad_id
         self.fmt = prompt_format(cfg)
         hidden = int(self.policy.model.config.hidden_size)

@@ -118,7 +118,7 @@ def test_policy_and_rollout_modules_import_without_cycles() -> None:
 
 
 def test_hf_factory_refuses_options() -> None:
-    with pytest.raises(ValueError, match="hf generation backend takes no options, got: rescore"):
+    with pytest.raises(ValueError, match="hf generation backend has no option rescore; valid: "):
         BACKENDS.get("hf")(object(), rescore=True)  # type: ignore[arg-type]
 
 
@@ -207,3 +207,26 @@ def test_hf_seed_means_seed_plus_i(policy) -> None:
     assert len({tuple(g.token_ids) for g in by_seed}) > 1  # a group still draws different replies
     alone = gen.generate(group[:1], temperature=1.0, seed=7)  # reply 0 of seed 7 = reply 2 of 5
     assert alone[0].token_ids == by_seed[2].token_ids
+
+
+def test_every_hf_switch_is_reachable_from_config(tiny_model_dir) -> None:
+    """rollout.hf.* reaches the hf backend (off: every optimisation disabled)."""
+    from factor_cli.policy.model import load_policy
+    from factor_cli.train.config import load_config
+    from factor_cli.train.generation import make_backend
+
+    off = ["rollout.hf.shared_prefix_min=null", "rollout.hf.stem_min=null",
+           "rollout.hf.merge_duplicates=false", "rollout.hf.skip_forced=false",
+           "rollout.hf.prefix_cache_tokens=100"]  # fmt: skip
+    cfg = load_config("smoke", off)
+    gen = make_backend(cfg.rollout, load_policy(str(tiny_model_dir)))
+    try:
+        assert (gen.shared_prefix_min, gen.stem_min, gen.merge_duplicates, gen.skip_forced) == (
+            None, None, False, False,
+        )  # fmt: skip
+        assert gen.prefix_cache.capacity == 100
+        default = make_backend(load_config("smoke").rollout, load_policy(str(tiny_model_dir)))
+        assert (default.shared_prefix_min, default.stem_min) == (16, 32)
+        assert default.merge_duplicates and default.skip_forced
+    finally:
+        gen.close()

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from factor_cli.registry import Registry
 
 from .base import DEFAULT_BATCH_SIZE, DEFAULT_MAX_CONTEXT, DEFAULT_MAX_NEW_TOKENS
+from .hf_options import OPTION_NAMES
 
 if TYPE_CHECKING:
     from ..model import Policy
@@ -50,12 +51,15 @@ def hf_backend(
     prefix_reuse: bool = True,
     **options: Any,
 ) -> GenerationBackend:
-    """:class:`~factor_cli.policy.generation.hf.HFGenerator` (no options)."""
-    if options:
-        raise ValueError(f"the hf generation backend takes no options, got: {', '.join(options)}")
+    """:class:`~factor_cli.policy.generation.hf.HFGenerator`; ``options`` are its switches
+    (:data:`~.hf_options.OPTION_NAMES`, ``rollout.hf.*``)."""
+    unknown = sorted(set(options) - set(OPTION_NAMES))
+    if unknown:
+        raise ValueError(f"the hf generation backend has no option {', '.join(unknown)}; "
+                         f"valid: {', '.join(OPTION_NAMES)}")  # fmt: skip
     from .hf import HFGenerator
 
-    return HFGenerator(policy, max_new_tokens, max_context, batch_size, prefix_reuse)
+    return HFGenerator(policy, max_new_tokens, max_context, batch_size, prefix_reuse, **options)
 
 
 @BACKENDS.register("vllm")

@@ -86,6 +86,13 @@ from .base import (
 )
 from .constrained import Allowed, TokenTrie, TrieBuilder
 from .decode import Decoded, Sampling, buffer_cache, decode
+from .hf_options import (
+    MERGE_DUPLICATES,
+    PREFIX_CACHE_BYTES,
+    SHARED_PREFIX_MIN,
+    SKIP_FORCED,
+    STEM_MIN,
+)
 from .prefix_cache import Match, PrefixCache, kv_bytes_per_token
 from .scoring import Scores, reply_scores
 from .scratch import Scratch
@@ -95,20 +102,6 @@ if TYPE_CHECKING:
     from transformers import DynamicCache
 
     from ..model import Policy
-
-SHARED_PREFIX_MIN = 16
-"""A prefill or decode forward attends once to a stored prompt prefix shared by every row of its
-batch (:mod:`.shared_attention`) when it is at least this many tokens long (shorter ones are not
-worth a second attention call)."""
-
-STEM_MIN = 32
-"""A prefix that two or more prompts of one batch share past what the cache holds of them is
-prefilled once, first, when it is at least this many tokens longer than that (a shorter one is
-not worth the extra forward): :func:`shared_stems`."""
-
-PREFIX_CACHE_BYTES = 1024**3
-"""Default bound of the prefix cache's memory (KV bytes): 1 GiB, at most two full batches of
-contexts (``2 * batch_size * max_context`` tokens); ``prefix_cache_tokens`` overrides it."""
 
 
 def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,8 +129,8 @@ class HFGenerator(TokenizedBackend):
         prefix_cache_tokens: int | None = None,
         shared_prefix_min: int | None = SHARED_PREFIX_MIN,
         stem_min: int | None = STEM_MIN,
-        merge_duplicates: bool = True,
-        skip_forced: bool = True,
+        merge_duplicates: bool = MERGE_DUPLICATES,
+        skip_forced: bool = SKIP_FORCED,
     ) -> None:
         """``prefix_reuse``: keep prompt KV across calls and prefill only new suffixes (module
         docstring); ``prefix_cache_tokens``: the cache's bound in tokens (default: what
