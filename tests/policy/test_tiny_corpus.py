@@ -7,7 +7,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from conftest import TINY_CORPUS, unexpected_skips
+from suite_rules import TINY_CORPUS, unexpected_skips
 
 from factor_cli.envs import availability
 

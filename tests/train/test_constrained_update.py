@@ -68,7 +68,9 @@ def _context(policy, episodes: list[Episode], kl: bool, constrained: bool = True
         credit = SimpleNamespace(coef=credit.coef, a_seq=credit.a_seq, kl_coef=0.5)
         texts = teacher_prompt_texts(FMT, policy.tokenizer, episodes)
         teacher = [policy.tokenizer.encode(t, add_special_tokens=False) for t in texts]
-    engine = SimpleNamespace(model=policy.model, module=policy.model, zero_stage=1, world_size=1)
+    engine = SimpleNamespace(
+        wrapped_module=policy.model, module=policy.model, zero_stage=1, world_size=1
+    )
     pad = policy.tokenizer.pad_token_id
     return rb, UpdateContext(engine, rb, credit, cfg, pad, teacher, Layout.of(rb))  # type: ignore[arg-type]
 
