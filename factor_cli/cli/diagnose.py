@@ -24,7 +24,8 @@ from .ledger import ExperimentOpt, TrackingOpt
 class Kind:
     summary: str
     tables: Callable[[Any], dict[str, Any]]
-    """Records -> named tables; the first is printed and written as ``<kind>.csv``."""
+    """Records -> named tables; the first is written as ``<kind>.csv``; those whose name starts
+    with ``_`` are data for the plot and the JSON, not printed."""
     plot: Callable[[Any, dict[str, Any], Path], Path]
     """(records, tables, png path) -> the PNG written."""
 
@@ -66,10 +67,10 @@ def _td_sign(mc: McOptions) -> Kind:
                 bar.update(task, description=label, completed=done, total=total)
 
             est = td_sign_estimates(r.actions, r.runs, plan, mc.cache, progress)
-        return {"td-sign": d.td_sign(est, seed=mc.seed), "estimates": est}
+        return {"td-sign": d.td_sign(est, seed=mc.seed), "_estimates": est}
 
     return Kind(
-        KIND_SUMMARIES["td-sign"], tables, lambda r, t, out: p.td_sign_plot(t["estimates"], out)
+        KIND_SUMMARIES["td-sign"], tables, lambda r, t, out: p.td_sign_plot(t["_estimates"], out)
     )
 
 
@@ -204,6 +205,7 @@ def diagnose_cmd(
         console.print_json(json.dumps(payload))
         return
     for name, table in tables.items():
-        _print(name, table)
+        if not name.startswith("_"):
+            _print(name, table)
     console.print(f"{len(records.runs)} run(s); wrote {out / f'{kind}.csv'} and {png}",
                   highlight=False)  # fmt: skip
