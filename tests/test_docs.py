@@ -19,15 +19,11 @@ from typing import Any
 
 import pytest
 import yaml
+from browser import chromium_tab
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 README_MAX_LINES = 250
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
 
 
 def _hooks() -> ModuleType:
@@ -131,12 +127,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_site_renders_in_chromium_with_its_math_and_no_console_error(
     site: Path, tmp_path: Path, page: str, title: str, math: bool
 ) -> None:
-    if not CHROMIUM.exists():
-        pytest.skip("no /usr/bin/chromium: apt-get install chromium, or scripts/install.sh --dev")
-    playwright = pytest.importorskip(
-        "playwright.sync_api", reason="pip install playwright (the dev extra)"
-    )
-
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:
             pass
@@ -146,34 +136,19 @@ def test_the_site_renders_in_chromium_with_its_math_and_no_console_error(
     )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}/"
-    errors: list[str] = []
-    requests: list[str] = []
     try:
-        with playwright.sync_playwright() as p:
-            browser = p.chromium.launch_persistent_context(
-                str(tmp_path / "profile"),
-                executable_path=str(CHROMIUM),
-                headless=True,
-                args=CHROMIUM_FLAGS,
-            )
-            try:
-                tab = browser.new_page()
-                tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-                tab.on("pageerror", lambda exc: errors.append(str(exc)))
-                tab.on("request", lambda r: requests.append(r.url))
-                tab.goto(base + page, wait_until="networkidle")
-                assert tab.title() == title
-                tab.wait_for_function("() => window.MathJax && MathJax.startup?.promise")
-                tab.evaluate("() => MathJax.startup.promise")  # typesetting has finished
-                marked = tab.locator(".arithmatex").count()
-                assert tab.locator("mjx-container").count() == marked
-                assert (marked > 0) == math
-                assert tab.locator('[data-mml-node="merror"]').count() == 0  # no TeX error
-                if page.startswith("api/"):
-                    assert tab.locator("#factor_cli\\.credit\\.tac\\.td_action_credit").count()
-            finally:
-                browser.close()
+        with chromium_tab(tmp_path) as tab:
+            tab.page.goto(base + page, wait_until="networkidle")
+            assert tab.page.title() == title
+            tab.page.wait_for_function("() => window.MathJax && MathJax.startup?.promise")
+            tab.page.evaluate("() => MathJax.startup.promise")  # typesetting has finished
+            marked = tab.page.locator(".arithmatex").count()
+            assert tab.page.locator("mjx-container").count() == marked
+            assert (marked > 0) == math
+            assert tab.page.locator('[data-mml-node="merror"]').count() == 0  # no TeX error
+            if page.startswith("api/"):
+                assert tab.page.locator("#factor_cli\\.credit\\.tac\\.td_action_credit").count()
     finally:
         server.shutdown()
-    assert errors == []
-    assert [u for u in requests if not u.startswith(base)] == []  # nothing from the network
+    assert tab.errors == []
+    assert [u for u in tab.requests if not u.startswith(base)] == []  # nothing from the network

@@ -19,6 +19,7 @@ from urllib.parse import unquote, urlparse
 
 import pandas as pd
 import pytest
+from browser import chromium_tab
 from test_train import needs_twx, tiny_overrides
 from typer.testing import CliRunner
 
@@ -35,11 +36,6 @@ if TYPE_CHECKING:
 pytestmark = needs_twx
 runner = CliRunner()
 PER_STEP = 3  # more than the 2 root episodes of a step: all of them are written
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
 
 
 @dataclass
@@ -266,37 +262,18 @@ def test_html_page_is_self_contained_and_renders_in_chromium(
     assert html.count('<section class="episode"') == 2
     for external in ("<script", "src=", "href=", "@import", "url("):
         assert external not in html  # inline CSS only, nothing to fetch, no script
-    if not CHROMIUM.exists():
-        pytest.skip("no /usr/bin/chromium: install it (apt-get install chromium, or "
-                    "scripts/install.sh --dev) to render the page")  # fmt: skip
-    playwright = pytest.importorskip(
-        "playwright.sync_api", reason="pip install playwright (the dev extra)"
-    )
-    errors, requests = [], []
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch_persistent_context(
-            str(tmp_path / "profile"),  # a fresh user-data-dir
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=CHROMIUM_FLAGS,
+    with chromium_tab(tmp_path) as tab:
+        tab.page.goto(page.as_uri())
+        title = f"factor run {tiny_run.summary.run_id[:12]}: training step 2"
+        assert tab.page.title() == title
+        assert tab.page.locator("section.episode").count() == 2
+        assert tab.page.locator("tr.turn").count() == sum(
+            len(e.turns) for e in tiny_run.transcript("step-000002.jsonl")
         )
-        try:
-            tab = browser.new_page()
-            tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            tab.on("pageerror", lambda exc: errors.append(str(exc)))
-            tab.on("request", lambda r: requests.append(r.url))
-            tab.goto(page.as_uri())
-            assert tab.title() == f"factor run {tiny_run.summary.run_id[:12]}: training step 2"
-            assert tab.locator("section.episode").count() == 2
-            assert tab.locator("tr.turn").count() == sum(
-                len(e.turns) for e in tiny_run.transcript("step-000002.jsonl")
-            )
-            assert tab.locator("span.tok").count() > 0
-            assert tab.locator("section.episode h2").first.is_visible()
-        finally:
-            browser.close()
-    assert errors == []
-    assert requests == [page.as_uri()]  # the page itself, nothing else
+        assert tab.page.locator("span.tok").count() > 0
+        assert tab.page.locator("section.episode h2").first.is_visible()
+    assert tab.errors == []
+    assert tab.requests == [page.as_uri()]  # the page itself, nothing else
 
 
 def test_eval_html_page_holds_every_eval_episode(tiny_run: TinyRun, tmp_path: Path) -> None:
