@@ -33,7 +33,7 @@ from . import checkpoint
 from .config import TrainConfig
 
 POLICY_TAG = "engine"  # the policy engine's folder in a checkpoint (:class:`.engine.Engine`)
-MC_COLUMNS = ("step", "traj", "turn", "samples", "seed", "q", "v", "mc", "failed")
+MC_COLUMNS = ("step", "traj", "turn", "samples", "mc_seed", "q", "v", "mc", "failed")
 
 
 @dataclass(frozen=True)
@@ -163,6 +163,6 @@ def _estimates(
         v = sum(map(_outcome, v_eps)) / n
         failed = sum(ep.start_failed for ep in [*v_eps, *q_eps])
         rows.append({"step": int(row.step), "traj": int(row.traj), "turn": int(row.turn),
-                     "samples": n, "seed": plan.seed, "q": q, "v": v, "mc": q - v,
+                     "samples": n, "mc_seed": plan.seed, "q": q, "v": v, "mc": q - v,
                      "failed": failed})  # fmt: skip
     return pd.DataFrame(rows, columns=list(MC_COLUMNS))

@@ -1,0 +1,354 @@
+"""The CPU mini-replication's report (issue 29): export a finished study from the ledger into
+small files under ``docs/results/<study>/``, and render ``docs/RESULTS.md`` from those files
+alone, so a fresh clone regenerates every table and picture without rerunning anything.
+
+    # where the study ran (its ledger and run folders): once, after `factor study run mini`
+    python experiments/mini_results.py export mini
+    # anywhere, from the committed files
+    python experiments/mini_results.py render
+
+``export`` writes, per study: ``items.csv`` (every run's final greedy evaluation, item level,
+the statistics schema plus ``setting`` and ``run_id``), ``curves.csv`` (eval success by step),
+``steps.csv`` (training metrics by step), ``runs.csv`` (compute and provenance per run), and
+``diagnostics/*.csv`` (the ``factor diagnose`` tables per setting, and td-sign's estimates).
+``render`` reads them, computes the comparisons (hierarchical bootstrap, seed-by-seed wins),
+draws the pictures, and fills ``experiments/RESULTS.md.in`` into ``docs/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+TEMPLATE = ROOT / "experiments" / "RESULTS.md.in"
+METHODS = ("grpo", "serl-repro", "factor")
+STEP_METRICS = (
+    "success_rate", "turns_mean", "group_signal", "zero_credit_share", "coef_deviation_median",
+    "value_target_mse", "strength", "time_rollout", "time_continuations", "time_update",
+)  # fmt: skip
+RESAMPLES = 10_000
+BOOT_SEED = 0
+
+
+def setting_of(rooms: str | int, turns: str | int) -> str:
+    """The task label of a cell: ``coin3 T6`` for three rooms and a 6-turn limit."""
+    return f"coin{rooms} T{turns}"
+
+
+# ------------------------------------------------------------------------------------- export
+
+
+def _setting(cfg: object) -> str:
+    coin = cfg.env.options["params"]["coin"]  # type: ignore[attr-defined]
+    rooms = re.search(r"numLocations=(\d+)", coin)
+    return setting_of(rooms.group(1) if rooms else "?", cfg.env.max_turns)  # type: ignore[attr-defined]
+
+
+def export(study: str, out: Path, samples: int, actions: int) -> None:
+    """Everything ``render`` needs from the ledger and the run folders (cwd: the study's
+    project root), written under ``out``."""
+    from factor_cli.studies.matrix import expand
+    from factor_cli.studies.results import gather
+    from factor_cli.studies.spec import load_spec
+    from factor_cli.studies.state import matrix_states
+
+    spec, path = load_spec(study)
+    matrix = expand(spec, path)
+    results = gather(matrix, matrix_states(matrix, 600.0))
+    if results.missing:
+        raise SystemExit(f"{study}: {len(results.missing)} cell(s) unfinished; run the study first")
+    labels = {cell.key: _setting(cell.config) for cell in matrix.cells}
+    items = results.items.assign(setting=results.items["cell_key"].map(labels))
+    settings = items.drop_duplicates("run_id").set_index("run_id")["setting"]
+    out.mkdir(parents=True, exist_ok=True)
+    cols = ["setting", "method", "seed", "item_id", "category", "success", "score", "run_id"]
+    items[cols].sort_values(cols[:4]).to_csv(out / "items.csv", index=False)
+    runs = results.runs.merge(settings.rename("setting"), left_on="run_id", right_index=True)
+    keep = ["setting", "method", "seed", "run_id", "wall_clock_hours", "cpu_core_hours",
+            "interactions", "git_commit"]  # fmt: skip
+    runs[keep].sort_values(keep[:3]).to_csv(out / "runs.csv", index=False)
+    _export_curves(runs, out)
+    _export_diagnostics(runs, out / "diagnostics", samples, actions)
+
+
+def _run_dirs(runs: pd.DataFrame) -> dict[str, Path]:
+    from factor_cli.ledger.records import load_records
+
+    recs = load_records(runs["run_id"].tolist())
+    return {r.run_id: Path(r.run_dir) for r in recs.runs.itertuples() if r.run_dir}
+
+
+def _export_curves(runs: pd.DataFrame, out: Path) -> None:
+    folders = _run_dirs(runs)
+    curves, steps = [], []
+    for run in runs.itertuples(index=False):
+        label = {"setting": run.setting, "method": run.method, "seed": run.seed}
+        folder = folders[run.run_id]
+        for line in (folder / "evals.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            curves.append({**label, "step": rec["step"], "success": rec["eval_metric"]})
+        last: dict[int, dict] = {}
+        for line in (folder / "metrics.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            last[rec["step"]] = rec  # a resumed run rewrites a step: keep the last
+        for k, rec in sorted(last.items()):
+            steps.append({**label, "step": k, **{m: rec.get(m) for m in STEP_METRICS}})
+    keys = ["setting", "method", "seed", "step"]
+    curves_df = pd.DataFrame(curves).drop_duplicates(keys, keep="last").sort_values(keys)
+    curves_df.to_csv(out / "curves.csv", index=False)
+    pd.DataFrame(steps).sort_values(keys).to_csv(out / "steps.csv", index=False)
+
+
+def _export_diagnostics(runs: pd.DataFrame, out: Path, samples: int, actions: int) -> None:
+    from rich.progress import Progress
+
+    from factor_cli.ledger.records import load_records
+    from factor_cli.stats import diagnose as d
+    from factor_cli.train.replay import McPlan
+    from factor_cli.train.td_sign import td_sign_estimates
+
+    out.mkdir(parents=True, exist_ok=True)
+    tables: dict[str, list[pd.DataFrame]] = {}
+    estimates = []
+    for setting, group in runs.groupby("setting", sort=True):
+        recs = load_records(group["run_id"].tolist())
+        value, curve = d.value_calibration(recs.actions, recs.continuations)
+        for name, table in {
+            "coef-deviation": d.coef_deviation(recs.actions),
+            "groups": d.group_signal(recs.actions),
+            "value": value,
+            "reliability": curve,
+            "length-bias": d.length_bias(recs.actions),
+            "horizon": d.horizon(recs.actions),
+        }.items():
+            tables.setdefault(name, []).append(table.assign(setting=setting))
+        factor = recs.runs[recs.runs["method"] == "factor"]
+        cache = Path("runs") / "td-sign-estimates"
+        with Progress() as bar:
+            task = bar.add_task(f"td-sign {setting}", total=None)
+
+            def progress(label: str, i: int, n: int, task: Any = task) -> None:
+                bar.update(task, description=label, completed=i, total=n)
+
+            plan = McPlan(samples, actions, BOOT_SEED)
+            est = td_sign_estimates(recs.actions, factor, plan, cache, progress)
+        keep = ["method", "seed", "run_id", "step", "phase", "traj", "turn", "credit", "a_seq",
+                "q", "v", "mc", "samples", "failed"]  # fmt: skip
+        estimates.append(est[keep].assign(setting=setting))
+    for name, parts in tables.items():
+        pd.concat(parts, ignore_index=True).to_csv(out / f"{name}.csv", index=False)
+    pd.concat(estimates, ignore_index=True).to_csv(out / "td-sign-estimates.csv", index=False)
+
+
+# ------------------------------------------------------------------------------------- render
+
+
+def _pp(x: float) -> str:
+    return f"{100 * x:+.1f}"
+
+
+def cell_table(items: pd.DataFrame) -> pd.DataFrame:
+    """Final eval success per (setting, method, seed): the macro metric of each run."""
+    from factor_cli.stats.metric import run_metrics
+
+    frame = run_metrics(items.assign(env=items["setting"]), ("setting", "method", "seed"))
+    return frame[["setting", "method", "seed", "metric"]]
+
+
+def comparisons(items: pd.DataFrame, per_seed: pd.DataFrame) -> pd.DataFrame:
+    """FACTOR - SERL-Repro and FACTOR - GRPO per setting: hierarchical bootstrap (10,000
+    resamples, seed 0), P(Delta > 0), and seed-by-seed wins / ties / losses."""
+    from factor_cli.stats.report import BootstrapRequest, bootstrap_report
+
+    rows = []
+    wide = per_seed.pivot_table(index=["setting", "seed"], columns="method", values="metric")
+    for setting in sorted(items["setting"].unique()):
+        frame = items[items["setting"] == setting].assign(env=setting)
+        for baseline in ("serl-repro", "grpo"):
+            rep = bootstrap_report(
+                frame[frame["method"].isin(["factor", baseline])],
+                BootstrapRequest(setting, "factor", baseline, RESAMPLES, BOOT_SEED),
+            )
+            diff = (wide.loc[setting, "factor"] - wide.loc[setting, baseline]).to_numpy()
+            res = rep.result
+            rows.append({
+                "setting": setting, "comparison": f"factor - {baseline}",
+                "delta": res.point, "ci_low": res.ci_low, "ci_high": res.ci_high,
+                "p_positive": res.p_positive, "wins": int((diff > 1e-9).sum()),
+                "ties": int((np.abs(diff) <= 1e-9).sum()), "losses": int((diff < -1e-9).sum()),
+            })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _md(frame: pd.DataFrame, formats: dict[str, str] | None = None) -> str:
+    formats = formats or {}
+    head = "| " + " | ".join(frame.columns) + " |\n| " + " | ".join("---" for _ in frame) + " |"
+    lines = [head]
+    for row in frame.itertuples(index=False):
+        cells = []
+        for col, v in zip(frame.columns, row):
+            fmt = formats.get(col)
+            if isinstance(v, float) and np.isnan(v):
+                cells.append("")
+            elif fmt:
+                cells.append(format(v, fmt))
+            elif isinstance(v, float) and v.is_integer() and abs(v) >= 1:
+                cells.append(str(int(v)))
+            elif isinstance(v, float):
+                cells.append(f"{v:.3g}")
+            else:
+                cells.append(str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main_table(per_seed: pd.DataFrame) -> str:
+    rows = []
+    for (setting, method), g in per_seed.groupby(["setting", "method"], sort=True):
+        g = g.sort_values("seed")
+        vals = g["metric"].to_numpy()
+        row = {"setting": setting, "method": method,
+               "mean ± sd": f"{vals.mean():.3f} ± {vals.std(ddof=1):.3f}"}  # fmt: skip
+        row.update({f"seed {s}": f"{v:.2f}" for s, v in zip(g["seed"], vals)})
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    order = {m: i for i, m in enumerate(METHODS)}
+    frame = frame.assign(_o=frame["method"].map(order)).sort_values(["setting", "_o"])
+    return _md(frame.drop(columns="_o"))
+
+
+def comparison_table(comp: pd.DataFrame) -> str:
+    ci = [f"[{_pp(lo)}, {_pp(hi)}]" for lo, hi in zip(comp["ci_low"], comp["ci_high"])]
+    seeds = [f"{w} / {t} / {lo}" for w, t, lo in zip(comp["wins"], comp["ties"], comp["losses"])]
+    frame = pd.DataFrame({
+        "setting": comp["setting"], "comparison": comp["comparison"],
+        "Δ (pp)": comp["delta"].map(_pp), "95% CI (pp)": ci,
+        "P(Δ > 0)": comp["p_positive"].map(lambda p: f"{p:.3f}"),
+        "seeds won / tied / lost": seeds,
+    })  # fmt: skip
+    return _md(frame)
+
+
+def curves_plot(curves: pd.DataFrame, out: Path) -> None:
+    from matplotlib.figure import Figure
+
+    settings = sorted(curves["setting"].unique())
+    fig = Figure(figsize=(5.0 * len(settings), 3.6), layout="constrained")
+    axes = fig.subplots(1, len(settings), squeeze=False)[0]
+    for ax, setting in zip(axes, settings):
+        part = curves[curves["setting"] == setting]
+        for method in METHODS:
+            g = part[part["method"] == method].groupby("step")["success"]
+            mean, low, high = g.mean(), g.min(), g.max()
+            (line,) = ax.plot(mean.index, mean.to_numpy(), marker="o", label=method)
+            ax.fill_between(mean.index, low.to_numpy(), high.to_numpy(), alpha=0.12,
+                            color=line.get_color())  # fmt: skip
+        ax.set_title(
+            f"{setting}: greedy eval success (mean, band = min-max over seeds)", fontsize=8
+        )
+        ax.set_xlabel("training step")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("macro success, 100 eval items")
+    fig.savefig(out, dpi=110)
+
+
+def _diag(folder: Path, name: str) -> pd.DataFrame:
+    return pd.read_csv(folder / "diagnostics" / f"{name}.csv")
+
+
+def study_blocks(folder: Path) -> dict[str, str]:
+    """The Markdown tables of one exported study, keyed ``<study>.<table>``."""
+    from factor_cli.stats import diagnose as d
+
+    name = folder.name
+    items = pd.read_csv(folder / "items.csv", dtype={"item_id": str, "category": str})
+    per_seed = cell_table(items)
+    curves = pd.read_csv(folder / "curves.csv")
+    curves_plot(curves, folder / "curves.png")
+    runs = pd.read_csv(folder / "runs.csv")
+    est = pd.read_csv(folder / "diagnostics" / "td-sign-estimates.csv")
+    sign = pd.concat([d.td_sign(g, seed=BOOT_SEED).assign(setting=s)
+                      for s, g in est.groupby("setting", sort=True)])  # fmt: skip
+    blocks = {
+        "main": main_table(per_seed),
+        "comparisons": comparison_table(comparisons(items, per_seed)),
+        "curves": _md(_curve_table(curves)),
+        "compute": _md(_compute_table(runs)),
+        "td-sign": _md(sign[["setting", *sign.columns[:-1]]]),
+        "hours": f"{runs['cpu_core_hours'].sum() / 2:.1f}",
+        "td-sign-plan": f"--samples {int(est['samples'].iloc[0])} --actions "
+        f"{int(est.groupby(['run_id', 'step']).size().max())}",
+    }
+    for kind in ("coef-deviation", "value", "length-bias", "horizon"):
+        table = _diag(folder, kind)
+        blocks[kind] = _md(table[["setting", *[c for c in table if c != "setting"]]])
+    groups = _diag(folder, "groups").groupby(["setting", "method"], as_index=False)[
+        ["group_signal", "zero_credit"]].mean()  # fmt: skip
+    blocks["groups-summary"] = _md(groups)
+    return {f"{name}.{k}": v for k, v in blocks.items()}
+
+
+def render(results: Path, template: Path) -> str:
+    """``docs/RESULTS.md`` from the exported files (and the pictures beside them): every
+    ``{{ study.table }}`` of the template filled from ``results/<study>/``."""
+    blocks: dict[str, str] = {}
+    for folder in sorted(p for p in results.iterdir() if (p / "items.csv").exists()):
+        blocks.update(study_blocks(folder))
+    text = template.read_text()
+    missing = sorted(set(re.findall(r"\{\{ ([\w.-]+) \}\}", text)) - set(blocks))
+    if missing:
+        raise SystemExit(f"{template}: no data for {', '.join(missing)}")
+    return re.sub(r"\{\{ ([\w.-]+) \}\}", lambda m: blocks[m.group(1)], text)
+
+
+def _curve_table(curves: pd.DataFrame) -> pd.DataFrame:
+    mean = curves.groupby(["setting", "method", "step"], as_index=False)["success"].mean()
+    wide = mean.pivot_table(index=["setting", "method"], columns="step", values="success")
+    wide.columns = [f"step {c}" for c in wide.columns]
+    return wide.reset_index()
+
+
+def _compute_table(runs: pd.DataFrame) -> pd.DataFrame:
+    g = runs.groupby(["setting", "method"], as_index=False).agg(
+        runs=("run_id", "size"), wall_clock_h=("wall_clock_hours", "sum"),
+        cpu_core_h=("cpu_core_hours", "sum"), interactions=("interactions", "sum"),
+    )  # fmt: skip
+    total = pd.DataFrame([{"setting": "all", "method": "all", "runs": int(g["runs"].sum()),
+                           "wall_clock_h": g["wall_clock_h"].sum(),
+                           "cpu_core_h": g["cpu_core_h"].sum(),
+                           "interactions": g["interactions"].sum()}])  # fmt: skip
+    return pd.concat([g, total], ignore_index=True).astype({"interactions": int})
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    ex = sub.add_parser("export", help="ledger + run folders -> docs/results/STUDY/")
+    ex.add_argument("study")
+    ex.add_argument("--out", type=Path, default=None)
+    ex.add_argument("--samples", type=int, default=16, help="td-sign continuations per side")
+    ex.add_argument("--actions", type=int, default=32, help="td-sign actions per replayed step")
+    re_ = sub.add_parser("render", help="docs/results/ -> docs/RESULTS.md")
+    re_.add_argument("--results", type=Path, default=RESULTS)
+    re_.add_argument("--out", type=Path, default=ROOT / "docs" / "RESULTS.md")
+    re_.add_argument("--template", type=Path, default=TEMPLATE)
+    args = parser.parse_args(argv)
+    if args.command == "export":
+        export(args.study, args.out or RESULTS / args.study, args.samples, args.actions)
+    else:
+        args.out.write_text(render(args.results, args.template))
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
