@@ -219,7 +219,7 @@ def run_continuations(
     return plan.result(roots, keys, per_root, convention)
 
 
-def _outcome(ep: Episode) -> float:
+def outcome_of(ep: Episode) -> float:
     """G of an episode; one that never finished (crash, failed restore) counts as 0."""
     return ep.outcome.outcome if ep.outcome is not None else 0.0
 
@@ -240,9 +240,9 @@ def continuation_targets(
     dense = {g: i for i, g in enumerate(sorted({ep.start.group for ep in roots}))}
     targets = terminal_targets(
         convention,
-        torch.tensor([_outcome(ep) for ep in conts], dtype=torch.float64),
+        torch.tensor([outcome_of(ep) for ep in conts], dtype=torch.float64),
         torch.tensor([dense[ep.start.group] for ep in conts]),
-        torch.tensor([_outcome(ep) for ep in roots], dtype=torch.float64),
+        torch.tensor([outcome_of(ep) for ep in roots], dtype=torch.float64),
         torch.tensor([dense[ep.start.group] for ep in roots]),
     )
     return targets.tolist()

@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from factor_cli.rollout.continuations import HORIZON, TEMPERATURE
+from factor_cli.rollout.continuations import HORIZON, TEMPERATURE, outcome_of
 from factor_cli.rollout.runner import Episode, Job, RolloutRunner, Start
 
 from . import checkpoint
@@ -143,10 +143,6 @@ def mc_advantages(
     return _estimates(chosen, episodes, plan, max_turns)
 
 
-def _outcome(ep: Episode) -> float:
-    return ep.outcome.outcome if ep.outcome is not None else 0.0
-
-
 def _estimates(
     chosen: pd.DataFrame, episodes: list[Episode], plan: McPlan, max_turns: int
 ) -> pd.DataFrame:
@@ -159,8 +155,8 @@ def _estimates(
         else:
             q_eps = episodes[i : i + n]
             i += n
-            q = sum(map(_outcome, q_eps)) / n
-        v = sum(map(_outcome, v_eps)) / n
+            q = sum(map(outcome_of, q_eps)) / n
+        v = sum(map(outcome_of, v_eps)) / n
         failed = sum(ep.start_failed for ep in [*v_eps, *q_eps])
         rows.append({"step": int(row.step), "traj": int(row.traj), "turn": int(row.turn),
                      "samples": n, "mc_seed": plan.seed, "q": q, "v": v, "mc": q - v,
