@@ -226,14 +226,14 @@ def main() -> None:
         dest="stems",
         action="store_false",
         help="prefill each prompt's own suffix, without first prefilling once what several "
-        "prompts of a batch share past the cache (hf.shared_stems)",
+        "prompts of a batch share past the cache (stems.shared_stems)",
     )
     ap.add_argument(
         "--no-merge-duplicates",
         dest="merge_duplicates",
         action="store_false",
         help="decode a row per request, without sharing one row among requests with the same "
-        "prompt while their replies agree (hf.duplicate_rows)",
+        "prompt while their replies agree (duplicates.duplicate_rows)",
     )
     ap.add_argument(
         "--valid-actions",

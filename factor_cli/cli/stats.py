@@ -124,7 +124,21 @@ def _load(path: Path, where: Sequence[str] | None) -> pd.DataFrame:
     from factor_cli.stats.report import load_results
 
     with _user_errors(path):
-        return load_results(path, where or [])
+        frame = load_results(path, where or [])
+    _warn_versions(frame, path)
+    return frame
+
+
+def _warn_versions(frame: pd.DataFrame, path: Path) -> None:
+    """Warn, naming the package, when the ledger runs an items file came from (its ``run_id``
+    column, as ``factor ledger export`` writes it) recorded different versions."""
+    if "run_id" not in frame.columns:
+        return
+    from factor_cli.ledger.report import run_version_warnings
+
+    ids = [str(r) for r in frame["run_id"].dropna().unique()]
+    for line in run_version_warnings(ids, str(path)):
+        warn(line)
 
 
 def _check_bootstrap_args(replicates: int, confidence: float) -> None:

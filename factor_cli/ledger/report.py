@@ -259,6 +259,36 @@ def version_warnings(
     ]
 
 
+def run_version_warnings(
+    run_ids: list[str],
+    source: str,
+    tracking_uri: str | None = None,
+    experiment: str = DEFAULT_EXPERIMENT,
+) -> list[str]:
+    """:func:`version_warnings` for the runs ``run_ids`` (e.g. the ``run_id`` column of an
+    exported items file ``source``); runs the ledger does not hold are left out, and a ledger
+    that cannot be opened gives no warning (the file may come from another machine)."""
+    from .provenance import version_conflicts
+
+    try:
+        _, client, exp_id = _open(tracking_uri, experiment)
+    except LedgerError:
+        return []
+    if exp_id is None or not run_ids:
+        return []
+    tags = []
+    for run_id in sorted(set(run_ids)):
+        try:
+            tags.append(client.get_run(run_id).data.tags)
+        except Exception:  # not in this ledger (MLflow raises its own RestException)
+            continue
+    conflicts = version_conflicts(tags)
+    return [
+        f"the runs of {source} differ in {name}: {', '.join(values)}; results may not compare"
+        for name, values in conflicts.items()
+    ]
+
+
 def export_items(
     study: str | None,
     tracking_uri: str | None = None,

@@ -519,6 +519,34 @@ def test_runs_record_versions_and_reports_name_what_differs(
     )
 
 
+def test_stats_warns_when_the_exported_runs_differ_in_a_version(
+    uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``factor stats`` finds the runs of an exported items file (its run_id column) in the
+    ledger and names the package whose version differs between them."""
+    from factor_cli.ledger import provenance as prov
+
+    out = tmp_path / "items.csv"
+    args = ["stats", "bootstrap", "-i", str(out), "-e", "twx", "-m", "factor", "-b", "grpo",
+            "-r", "50"]  # fmt: skip
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    for method, shift in (("factor", 0), ("grpo", 1)):
+        with _start(uri, method=method) as run:
+            run.log_items(_items(shift=shift))
+    export_items("main", uri).to_csv(out, index=False)
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0 and "differ in" not in res.output, res.output
+    real = prov.versions()
+    monkeypatch.setattr(prov, "versions", lambda: {**real, "version.transformers": "0.0.1"})
+    for method, shift in (("factor", 0), ("grpo", 1)):
+        with _start(uri, method=method, seed=1) as run:
+            run.log_items(_items(seed=1, shift=shift))
+    export_items("main", uri).to_csv(out, index=False)
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert f"the runs of {out} differ in transformers: 0.0.1, " in " ".join(res.output.split())
+
+
 def test_version_conflicts_ignores_runs_without_the_tags() -> None:
     from factor_cli.ledger.provenance import version_conflicts
 

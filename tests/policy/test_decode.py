@@ -16,7 +16,7 @@ from synthetic import random_llama
 from factor_cli.policy.generation import decode as decode_module
 from factor_cli.policy.generation.constrained import TokenTrie
 from factor_cli.policy.generation.decode import Sampling, buffer_cache, decode
-from factor_cli.policy.generation.hf import RowSeededSampler
+from factor_cli.policy.generation.row_sampler import RowSeededSampler
 
 VOCAB = 24
 STOP = 1
@@ -304,7 +304,7 @@ def test_decoding_ends_when_the_last_row_stops(monkeypatch: pytest.MonkeyPatch) 
     assert len(calls) == 4
 
 
-# -- requests that share a row (hf.duplicate_rows) ----------------------------------------------
+# -- requests that share a row (duplicates.duplicate_rows) ------------------------------------
 @settings(max_examples=12, deadline=None)
 @given(
     seed=st.integers(0, 10_000),

@@ -221,12 +221,12 @@ def test_every_hf_switch_is_reachable_from_config(tiny_model_dir) -> None:
     cfg = load_config("smoke", off)
     gen = make_backend(cfg.rollout, load_policy(str(tiny_model_dir)))
     try:
-        assert (gen.shared_prefix_min, gen.stem_min, gen.merge_duplicates, gen.skip_forced) == (
-            None, None, False, False,
-        )  # fmt: skip
+        reuse = gen.reuse
+        switches = (reuse.shared_prefix_min, reuse.stem_min, gen.merge_duplicates, gen.skip_forced)
+        assert switches == (None, None, False, False)
         assert gen.prefix_cache.capacity == 100
         default = make_backend(load_config("smoke").rollout, load_policy(str(tiny_model_dir)))
-        assert (default.shared_prefix_min, default.stem_min) == (16, 32)
+        assert (default.reuse.shared_prefix_min, default.reuse.stem_min) == (16, 32)
         assert default.merge_duplicates and default.skip_forced
     finally:
         gen.close()

@@ -247,12 +247,12 @@ def test_the_backend_gathers_into_its_scratch_and_close_gives_it_back(policy) ->
     gen = HFGenerator(policy, max_new_tokens=4)
     prompts = ["look around and describe the room"] * 2 + ["take the coin from the table"]
     first = gen.generate(prompts, seed=3)
-    held = gen._scratch.nbytes
+    held = gen.reuse.scratch.nbytes
     assert held > 0  # the decode batch's rows (and prefill) came from the scratch
     assert [g.token_ids for g in gen.generate(prompts, seed=3)] == [g.token_ids for g in first]
-    assert gen._scratch.nbytes == held  # the same batch again: no new block
+    assert gen.reuse.scratch.nbytes == held  # the same batch again: no new block
     gen.close()
-    assert gen._scratch.nbytes == 0
+    assert gen.reuse.scratch.nbytes == 0
 
 
 @needs_twx
@@ -366,9 +366,9 @@ def test_config_switch_defaults_on_and_turns_off() -> None:
 def test_cost_batches_cover_every_row_once_within_the_padding_slack(new, size) -> None:
     """The cached scorer's batches: each row once, at most ``batch_size`` rows, and a padded
     cost (rows x largest count) within 1.25x the batch's real cost."""
-    from types import SimpleNamespace
+    from factor_cli.policy.generation.prefix_reuse import cost_batches
 
-    batches = HFGenerator._cost_batches(SimpleNamespace(batch_size=size), new)  # type: ignore[arg-type]
+    batches = cost_batches(new, size)
     assert sorted(i for b in batches for i in b) == list(range(len(new)))
     for b in batches:
         assert 1 <= len(b) <= size
@@ -384,7 +384,7 @@ def test_shared_stems_are_shared_past_what_is_stored_and_leave_no_pair_out(rows,
     """Each stem is a common prefix of its rows (two or more, each row in one stem at most),
     at least ``least`` tokens longer than the most any of them has stored; and two sorted
     neighbours that share that much are never both left without a stem."""
-    from factor_cli.policy.generation.hf import shared_stems
+    from factor_cli.policy.generation.stems import shared_stems
 
     rows = list({s: (s, min(k, len(s))) for s, k in rows}.values())  # distinct, as the backend
     stems = shared_stems(rows, least)
@@ -410,7 +410,7 @@ def test_shared_stems_are_shared_past_what_is_stored_and_leave_no_pair_out(rows,
 def test_shared_stems_of_sibling_prompts() -> None:
     """Three prompts after one common part and a fourth apart: one stem, the common part, as
     long as each row has at most ``least`` tokens less of it stored."""
-    from factor_cli.policy.generation.hf import shared_stems
+    from factor_cli.policy.generation.stems import shared_stems
 
     common = tuple(range(40))
     rows = [((*common, 50, 51), 5), ((*common, 60), 0), (tuple(range(100, 150)), 0),
@@ -463,7 +463,7 @@ def test_a_batch_in_any_order_gives_each_prompt_its_own_reply(policy) -> None:
 
 
 def test_duplicate_rows_group_requests_by_prompt() -> None:
-    from factor_cli.policy.generation.hf import duplicate_rows
+    from factor_cli.policy.generation.duplicates import duplicate_rows
 
     prompts = [[1, 2], [1, 2], [3], [1, 2, 4], [1, 2], [3]]
     assert duplicate_rows(prompts) == [[0, 1, 4], [2, 5], [3]]

@@ -202,7 +202,7 @@ def test_backend_replies_are_the_same_with_the_prefix_held_once(
     """The hf backend with and without the shared prefix: same replies (seeded and greedy),
     log-probs within 1e-5, and the prefix was really held apart, in decoding and in the
     prefill of the new observations."""
-    from factor_cli.policy.generation import hf
+    from factor_cli.policy.generation import hf, prefix_reuse
     from factor_cli.policy.model import load_policy
 
     entered: list[int] = []
@@ -211,7 +211,8 @@ def test_backend_replies_are_the_same_with_the_prefix_held_once(
         entered.append(prefix.shape[-2])
         return use_shared_prefix(model, prefix)
 
-    monkeypatch.setattr(hf, "use_shared_prefix", counting)
+    monkeypatch.setattr(hf, "use_shared_prefix", counting)  # decoding
+    monkeypatch.setattr(prefix_reuse, "use_shared_prefix", counting)  # prefill
     policy = load_policy(str(tiny_model_dir))
     on = hf.HFGenerator(policy, max_new_tokens=12, max_context=512)
     off = hf.HFGenerator(policy, max_new_tokens=12, max_context=512, shared_prefix_min=None)
@@ -228,7 +229,7 @@ def test_backend_replies_are_the_same_with_the_prefix_held_once(
             gap = (torch.tensor(x.logprobs) - torch.tensor(y.logprobs)).abs().max()
             assert float(gap) < TOL
         # Decoding, and the prefill of the rows: at turn 0 the task is prefilled once first
-        # (a stem: hf.shared_stems), at turn 1 it is stored already.
+        # (a stem: stems.shared_stems), at turn 1 it is stored already.
         assert len(entered) >= 2
         assert min(entered) > 16
     assert on.shared_prefix_tokens > 2 * 5 * 16 and off.shared_prefix_tokens == 0

@@ -14,7 +14,8 @@ from factor_cli.credit import METHODS, assign_credit
 from factor_cli.envs import availability
 from factor_cli.envs.pool import EnvPool
 from factor_cli.policy.generation.base import Generation
-from factor_cli.policy.generation.hf import HFGenerator, RowSeededSampler
+from factor_cli.policy.generation.hf import HFGenerator
+from factor_cli.policy.generation.row_sampler import RowSeededSampler
 from factor_cli.policy.generation.scoring import score_replies
 from factor_cli.policy.model import load_policy
 from factor_cli.policy.prompting import FEEDBACK_HEADER, PromptFormat, extract_action, render

@@ -4,9 +4,11 @@
   (the one home of the default ``max_new_tokens`` / ``max_context``), the meaning of ``seed=``,
   and the prompt encoding all backends share (standard library only);
 - :mod:`.backends`: ``BACKENDS``, factories by name, and ``BACKEND_NAMES`` (no torch);
-- :mod:`.hf`: the ``hf`` backend (Hugging Face ``generate``, prefix KV reuse across calls);
-- :mod:`.prefix_cache`: the bounded radix-tree cache of prompt-prefix KV the ``hf`` backend
-  reuses (pure torch);
+- :mod:`.hf`: the ``hf`` backend (our decode loop over a Hugging Face model), composed of its
+  optimisations, one module each: :mod:`.prefix_reuse` over :mod:`.prefix_cache` (the bounded
+  radix-tree cache of prompt-prefix KV), :mod:`.stems`, :mod:`.shared_attention`,
+  :mod:`.scratch`, :mod:`.duplicates`, :mod:`.forced`; :mod:`.decode` is its decode loop and
+  :mod:`.row_sampler` its per-reply random streams;
 - :mod:`.vllm`: the ``vllm`` backend (vLLM's offline engine; vLLM itself is optional and is
   imported only when such a backend is built);
 - :mod:`.scoring`: teacher-forced log-prob re-scoring (:func:`score_replies`) and the
@@ -41,7 +43,8 @@ if TYPE_CHECKING:
         stop_token_ids,
         truncate_middle,
     )
-    from .hf import HFGenerator, RowSeededSampler
+    from .hf import HFGenerator
+    from .row_sampler import RowSeededSampler
     from .scoring import Scores, score_replies
 
 _EXPORTS = {
@@ -59,7 +62,7 @@ _EXPORTS = {
     "stop_token_ids": "base",
     "truncate_middle": "base",
     "HFGenerator": "hf",
-    "RowSeededSampler": "hf",
+    "RowSeededSampler": "row_sampler",
     "Scores": "scoring",
     "score_replies": "scoring",
 }

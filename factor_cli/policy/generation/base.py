@@ -93,6 +93,19 @@ class Generation:
     generated position; the log-probs are renormalised over them. None: free decoding."""
 
 
+def common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of two token sequences of one type (binary search: slices
+    compare in C)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def truncate_middle(ids: list[int], budget: int) -> tuple[list[int], bool]:
     """Keep the first budget//4 and the last budget - budget//4 tokens of an over-long prompt."""
     if len(ids) <= budget:

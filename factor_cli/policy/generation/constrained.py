@@ -20,8 +20,8 @@ re-scores pi_theta under the same sets (:func:`constrained_logits`, used by
 :func:`~.scoring.score_replies`), so the PPO ratio q = pi^C_theta / pi^C_old compares like with
 like and is exactly 1 at the behaviour weights.
 
-Rows without admissible actions (None or empty) decode freely. The mask only removes tokens, so
-the per-reply random streams (:class:`~.hf.RowSeededSampler`, vLLM's per-request generators)
+Rows without admissible actions (None or empty) decode freely. The mask only removes tokens, so the
+per-reply random streams (:class:`~.row_sampler.RowSeededSampler`, vLLM's per-request generators)
 draw exactly as in free decoding: the same seed gives the same reply, and a free row of a mixed
 batch is the reply it would be alone.
 

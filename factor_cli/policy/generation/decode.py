@@ -3,27 +3,26 @@
 Hugging Face ``generate`` keeps its KV in a ``DynamicCache`` that concatenates every layer's keys
 and values at every step, so a step of a batch with B rows of S cached tokens copies the whole
 cache (B x S x 2 x N_layers x H_kv x D values) once more; it also keeps decoding rows that have
-stopped until the longest reply ends. On the tiny model the copy was ~15% of continuation time
-and the finished rows about half of the decode work. :func:`decode` instead
+stopped until the longest reply ends. :func:`decode` instead
 
 - writes each step's keys and values in place into buffers allocated once at the batch's final
   width (:class:`BufferLayer`, a full-attention cache layer with a capacity);
 - drops rows that have stopped from the batch (their buffers are compacted, one copy) once at
   most half of the rows are still decoding (each compaction copies every remaining row's
-  keys and values; measured against three quarters on ``benchmarks/rollout.py``: 1.03x);
+  keys and values, so compacting at every departure would cost more than it saves);
 - under valid-action decoding, writes the tokens a reply's trie forces without a forward where
   nothing reads their logits (``skip_forced``: the ``<action>`` tag with the prompt's forward,
-  a reply's forced rest at once; 67% of the reply tokens of a FACTOR smoke step);
+  a reply's forced rest at once; :mod:`.forced`);
 - samples from exactly softmax(z / T) (renormalised over C_j under valid-action decoding, see
   :mod:`.constrained`): no generation-config processors (a checkpoint's repetition penalty,
   top-k / top-p defaults) can change the draw behind the behaviour log-probs' back.
 
-The draw per row is the one ``generate`` made with the backend's processors: greedy argmax,
-the row's own Gumbel stream (:class:`~.hf.RowSeededSampler`: each call draws one uniform vector
+The draw per row is the one ``generate`` made with the backend's processors: greedy argmax, the
+row's own Gumbel stream (:class:`~.row_sampler.RowSeededSampler`: each call draws one uniform vector
 per active row, so row i's k-th token depends only on (seed_i, k)), or a multinomial draw from
-torch's global generator when no seeds are given. Log-probs are computed at each step,
-log pi(y_j) = z_j[y_j] / T - logsumexp_{v in C_j} z_j[v] / T (T = 1 for greedy), so the [B, G, V]
-logits of a whole batch are never held.
+torch's global generator when no seeds are given. Log-probs are computed at each step, log pi(y_j) =
+z_j[y_j] / T - logsumexp_{v in C_j} z_j[v] / T (T = 1 for greedy), so the [B, G, V] logits of a
+whole batch are never held. What each part saves: ``docs/benchmarks.md`` (Generation).
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from .constrained import MASKED_LOGIT, TokenTrie
+from .forced import forced_head, write_forced_rest
 
 COMPACT_BELOW = 0.5
 """Finished rows leave the batch once at most this fraction of its rows still decodes."""
@@ -102,7 +102,7 @@ class BufferLayer(DynamicLayer):
         return self.length if self.is_initialized else 0
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        # index_select, not advanced indexing: its kernel copies whole rows (3x faster on CPU).
+        # index_select, not advanced indexing: its kernel copies whole rows (faster on CPU).
         if self.is_initialized:
             keys = self._k[: self.rows].index_select(0, indices)
             values = self._v[: self.rows].index_select(0, indices)
@@ -124,6 +124,18 @@ class BufferLayer(DynamicLayer):
             self._v[n + i, :, :m] = self._v[r, :, :m]
         self.rows = need
         self._views()
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask), both [B, W]: left padding, each sequence ends at column W - 1."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s) :] = 1
+    return ids, mask
 
 
 def append_rows(cache: DynamicCache, rows: int, src: Sequence[int], room: int) -> None:
@@ -273,7 +285,7 @@ def decode(
     lps: list[list[float]] = [[] for _ in out]
     skip = skip_forced and sampling.per_request
     groups = _retire(groups, tries, out, lps, stop_set, max_new_tokens, skip)
-    head = _forced_head(groups, tries, max_new_tokens) if skip else []
+    head = forced_head(groups, tries, max_new_tokens) if skip else []
     h = len(head[0]) if head else 0
     full = torch.zeros((n, width + max_new_tokens), dtype=mask.dtype, device=device)
     full[:, :width] = mask
@@ -345,44 +357,12 @@ def _retire(
         for b in group:
             if out[b] and out[b][-1] in stops:
                 continue
-            trie = tries[b]
-            if skip_forced and trie is not None:
-                tail, complete = trie.forced(out[b])
-                if complete:
-                    tail = tail[: limit - len(out[b])]
-                    out[b] += tail
-                    lps[b] += [0.0] * len(tail)
-                    continue
+            if skip_forced and write_forced_rest(tries[b], out[b], lps[b], limit):
+                continue
             if len(out[b]) < limit:
                 live.append(b)
         kept.append(live)
     return kept
-
-
-def _forced_head(
-    groups: list[list[int]], tries: Sequence[TokenTrie | None], limit: int
-) -> list[list[int]]:
-    """Per row, the first h tokens of its requests' replies when their tries force them, with
-    the largest h (< ``limit``) that every row's requests share ([] when h = 0; a row without
-    requests gets its neighbour's, as it is read by no one)."""
-    heads: list[list[int] | None] = []
-    for group in groups:
-        common: list[int] | None = None
-        for b in group:
-            trie = tries[b]
-            toks = [] if trie is None else trie.forced([])[0]
-            common = toks if common is None else common[: _common_length(common, toks)]
-        heads.append(common)
-    some = [x for x in heads if x is not None]
-    h = min([len(x) for x in some] + [limit - 1]) if some else 0
-    if h <= 0:
-        return []
-    return [(x if x is not None else some[0])[:h] for x in heads]
-
-
-def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the common prefix of ``a`` and ``b``."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def _draw(

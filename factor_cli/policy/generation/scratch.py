@@ -1,10 +1,10 @@
 """Reusable memory for the ``hf`` backend's short-lived KV buffers on a CPU.
 
 Each decode batch gathers its rows' stored prompt KV into one buffer [N_layers, 2, B, H_kv, C,
-D] (200 MB for 108 rows of 474 columns at 4 KiB a token, ``benchmarks/rollout.py``), and each
-prefill into another. A CPU allocation that large is a fresh ``mmap`` (glibc serves blocks of
-more than 32 MB no other way), so every page is faulted in and zeroed on first touch and given
-back when freed: filling a new 200 MB buffer took 92 ms where refilling a reused one took 10 ms.
+D] (hundreds of MB for a rollout's decode batch), and each prefill into another. A CPU
+allocation that large is a fresh ``mmap`` (glibc serves blocks of more than 32 MB no other way),
+so every page is faulted in and zeroed on first touch and given back when freed: a new buffer
+costs several times a refill of a reused one (``docs/benchmarks.md``, Generation).
 :class:`Scratch` keeps one block per named use and hands out views of it, so a rollout pays the
 page faults once instead of once per turn. CUDA's caching allocator already reuses blocks, so
 the backend uses a scratch only on a CPU.

@@ -16,13 +16,12 @@ order of the new tokens). Every shared token precedes every query, so the prefix
 Outputs equal attention over the concatenated keys up to float rounding (tested within 1e-5).
 
 The rows' own columns are left-padded to one width, and in a batch of prompts of different lengths
-much of it is padding (45% of the continuations' decode columns in ``benchmarks/rollout.py``),
-which the kernel reads like any column. The backend orders a decode batch's rows by prompt length,
-so rows with similar padding are neighbours, and a decode step's own-column attention runs per
-band of neighbouring rows over the columns from the band's first attended one
-(:func:`row_bands`): the padding before it, masked for every query of the band, is not read, and
-the result is the same. Measured there: a step's own-column attention 25% cheaper. Prefill
-forwards (many queries per row) showed no gain from it and attend in one call.
+much of it is padding, which the kernel reads like any column. The backend orders a decode batch's
+rows by prompt length, so rows with similar padding are neighbours, and a decode step's own-column
+attention runs per band of neighbouring rows over the columns from the band's first attended one
+(:func:`row_bands`): the padding before it, masked for every query of the band, is not read, and the
+result is the same. Prefill forwards (many queries per row) showed no gain from it and attend in one
+call. What both save: ``docs/benchmarks.md`` (Generation).
 
 The model's attention modules call :func:`shared_prefix_attention` while :func:`use_shared_prefix`
 is active (it switches ``config._attn_implementation`` for one prefill or decode); masks are

@@ -21,10 +21,9 @@ other node are left-padded so their ends align (the positions whose logits are w
 sit at an edge's end), with P's KV as the past. Logits are computed only in the columns some
 sequence needs (``logits_to_keep``), not at every prompt position.
 
-Cost (tokens encoded): the tree's size instead of rows x width. Measured on the smoke preset's
-FACTOR update batch (24 actions, prompts ~430 tokens, replies ~5): 14,088 padded tokens, 10,483
-real ones, 4,615 in the tree. Forward calls: one per internal node (one per batch when nothing is
-shared). Pure torch over a Hugging Face causal LM.
+Cost (tokens encoded): the tree's size instead of rows x width (measured on the smoke preset's
+update batch: ``docs/benchmarks.md``, Generation). Forward calls: one per internal node (one per
+batch when nothing is shared). Pure torch over a Hugging Face causal LM.
 """
 
 from __future__ import annotations
