@@ -74,6 +74,22 @@ def _td_sign(mc: McOptions) -> Kind:
     )
 
 
+def _compare() -> Kind:
+    from factor_cli.stats import diagnose as d
+    from factor_cli.stats import diagnose_plots as p
+
+    def tables(r: Any) -> dict[str, Any]:
+        from factor_cli.rollout.credit_replay import COMPARED, replay_credit
+
+        replayed = replay_credit(r.actions, COMPARED)
+        return {"compare": d.credit_agreement(replayed, list(COMPARED)), "_credit": replayed}
+
+    def plot(r: Any, t: dict[str, Any], out: Path) -> Path:
+        return p.agreement_plot(t["compare"], out)
+
+    return Kind(KIND_SUMMARIES["compare"], tables, plot)
+
+
 def _kinds(mc: McOptions) -> dict[str, Kind]:
     from factor_cli.stats import diagnose as d
     from factor_cli.stats import diagnose_plots as p
@@ -97,6 +113,7 @@ def _kinds(mc: McOptions) -> dict[str, Kind]:
         "length-bias": _single("length-bias", d.length_bias, p.length_bias_plot),
         "horizon": _single("horizon", d.horizon, p.horizon_plot),
         "td-sign": _td_sign(mc),
+        "compare": _compare(),
     }
 
 
@@ -107,8 +124,9 @@ KIND_SUMMARIES = {
     "length-bias": "surrogate weight by action length, token- vs action-mean (Table 24)",
     "horizon": "success by trajectory length (Table 26)",
     "td-sign": "sign of the credit against independent Monte-Carlo advantages (Fig. 5B)",
+    "compare": "every estimator's credit on the same recorded actions: sign agreement, rank r",
 }
-NOT_YET = ("token-perturb", "feedback", "compare")
+NOT_YET = ("token-perturb", "feedback")
 """Kinds of issue 28 that replay models or environments; not built yet."""
 
 
@@ -175,8 +193,12 @@ def diagnose_cmd(
       x_t and from x_{t+1} give an independent Monte-Carlo advantage; the table is the share
       whose sign the credit matches, early and late in the run (Fig. 5B, Table 19). Estimates
       are cached under --out, so an interrupted run resumes.
+    - **compare**: each run's recorded actions replayed through the estimators of GRPO and
+      SERL-Repro (broadcast A^seq), GiGPO, HGPO, FACTOR (TD) and GAE(0.95): pairwise sign
+      agreement and Spearman correlation of their credit, per method of the runs. Anchor
+      states are keyed by the action history (docs/diagnostics.md).
 
-    token-perturb, feedback and compare (issue 28) are not built yet.
+    token-perturb and feedback (issue 28) are not built yet.
     """
     cache = out / "td-sign-estimates"
     kinds = _kinds(McOptions(samples, actions, mc_seed, cache))

@@ -16,6 +16,8 @@ run columns ``run_id``, ``method``, ``env``, ``seed``) and returns a table, one 
 - :func:`horizon`: success by trajectory-length bucket (Table 26).
 - :func:`td_sign`: sign agreement of the credit with an independent Monte-Carlo advantage
   (Fig. 5B, Table 19), early and late, with a bootstrap interval over trajectories.
+- :func:`credit_agreement`: several estimators' credit on the same actions: pairwise sign
+  agreement and Spearman rank correlation.
 """
 
 from __future__ import annotations
@@ -198,3 +200,33 @@ def _cluster_interval(
     means = (draws @ sums) / (draws @ counts)
     low, high = np.percentile(means, [2.5, 97.5])
     return float(low), float(high)
+
+
+def credit_agreement(replayed: pd.DataFrame, estimators: list[str]) -> pd.DataFrame:
+    """Per method of the runs (one rollout set each) and pair (a, b) of ``estimators`` (columns
+    of ``replayed``: each estimator's A_t on the same actions): the actions both credited
+    (|A| >= 1e-6 under both), the share of those with sgn(A^a_t) = sgn(A^b_t), and Spearman's
+    rank correlation over all actions both estimators gave credit to (NaN when either is
+    constant). Estimators with no credit on a method's runs (NaN) are left out of its pairs."""
+    rows = []
+    for method, part in replayed.groupby("method", sort=True):
+        names = [e for e in estimators if part[e].notna().all()]
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                x, y = part[a].to_numpy(float), part[b].to_numpy(float)
+                both = (np.abs(x) >= MIN_ABS) & (np.abs(y) >= MIN_ABS)
+                same = np.sign(x[both]) == np.sign(y[both])
+                agree = float(same.mean()) if both.any() else np.nan
+                rho = _spearman(x, y)
+                rows.append([method, a, b, len(part), int(both.sum()), agree, rho])
+    cols = ["method", "estimator_a", "estimator_b", "actions", "both_credited", "sign_agree",
+            "spearman"]  # fmt: skip
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rho: Pearson's r of the average ranks (ties share their mean rank)."""
+    rx, ry = pd.Series(x).rank().to_numpy(), pd.Series(y).rank().to_numpy()
+    if len(x) < 2 or rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])

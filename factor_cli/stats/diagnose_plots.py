@@ -114,3 +114,30 @@ def td_sign_plot(estimates: pd.DataFrame, out: Path) -> Path:
         out,
         legend_size=7,
     )
+
+
+def agreement_plot(table: pd.DataFrame, out: Path) -> Path:
+    """Per method, a matrix of the estimators' pairwise sign agreement (upper triangle) and
+    Spearman correlation (lower triangle)."""
+    methods = list(dict.fromkeys(table["method"])) or ["(none)"]
+    fig, _ = _figure(4.2 * len(methods), 4.0)
+    fig.clear()
+    axes = fig.subplots(1, len(methods), squeeze=False)[0]
+    image = None
+    for ax, method in zip(axes, methods):
+        part = table[table["method"] == method]
+        names = list(dict.fromkeys([*part["estimator_a"], *part["estimator_b"]]))
+        grid = np.full((len(names), len(names)), np.nan)
+        for row in part.itertuples(index=False):
+            i, j = names.index(row.estimator_a), names.index(row.estimator_b)
+            grid[i, j], grid[j, i] = row.sign_agree, row.spearman
+        image = ax.imshow(grid, vmin=-1, vmax=1, cmap="RdBu")
+        for (i, j), v in np.ndenumerate(grid):
+            if not np.isnan(v):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(len(names)), names, rotation=45, fontsize=7)
+        ax.set_yticks(range(len(names)), names, fontsize=7)
+        ax.set_title(f"{method} runs: sign agreement (upper), Spearman (lower)", fontsize=8)
+    if image is not None:
+        fig.colorbar(image, ax=list(axes))
+    return _save(fig, out)

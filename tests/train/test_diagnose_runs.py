@@ -17,7 +17,7 @@ from factor_cli.train.config import load_config
 
 pytestmark = needs_twx
 runner = CliRunner()
-KINDS = ("coef-deviation", "groups", "value", "length-bias", "horizon")
+KINDS = ("coef-deviation", "groups", "value", "length-bias", "horizon", "compare")
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +84,7 @@ def test_bad_input_is_one_line(study: dict[str, str]) -> None:
         ("nonsense", study["factor"]): "unknown diagnostic 'nonsense'",
         ("td-sign", study["factor"], "--steps", "1:1"): "no recorded step's policy was kept",
         ("feedback", study["factor"]): "not built yet",
+        ("compare", study["grpo"]): "no diagnostic records",
     }
     for args, message in cases.items():
         res = diagnose(study, *args)
@@ -112,3 +113,21 @@ def test_td_sign_replays_a_kept_step_and_resumes_from_its_cache(study: dict[str,
     again = diagnose(study, *args)
     assert again.exit_code == 0 and cache[0].stat().st_mtime_ns == stamp
     assert pd.read_csv(Path(study["out"]) / "td-sign.csv").equals(table)
+
+
+def test_compare_replays_each_run_to_its_own_credit(study: dict[str, str]) -> None:
+    """Replayed through its own estimator, a run's recorded actions get the credit the run
+    trained on: FACTOR's TD residuals, SERL-Repro's broadcast A^seq."""
+    from factor_cli.ledger.records import load_records
+    from factor_cli.rollout.credit_replay import replay_credit
+
+    records = load_records([study["factor"], study["serl-repro"]], None, study["uri"])
+    replayed = replay_credit(records.actions).set_index("method")
+    for method, own in (("factor", "td"), ("serl-repro", "broadcast")):
+        part = replayed.loc[method]
+        assert len(part) > 4 and (part[own] - part["credit"]).abs().max() < 1e-9, method
+    assert replayed.loc["serl-repro", "td"].isna().all()  # no value head: no TD credit
+    res = diagnose(study, "compare", study["factor"])
+    table = pd.read_csv(Path(study["out"]) / "compare.csv")
+    assert res.exit_code == 0 and len(table) == 10  # 5 estimators: 10 pairs
+    assert table["sign_agree"].between(0, 1).all()
