@@ -101,7 +101,10 @@ def _kinds(mc: McOptions) -> dict[str, Kind]:
     return {
         "coef-deviation": Kind(
             KIND_SUMMARIES["coef-deviation"],
-            lambda r: {"coef-deviation": d.coef_deviation(r.actions)},
+            lambda r: {
+                "coef-deviation": d.coef_deviation(r.actions),
+                "coef-deviation by seed": d.coef_deviation(r.actions, per_seed=True),
+            },
             lambda r, t, out: p.coef_deviation_plot(d.credited(d.active_steps(r.actions)), out),
         ),
         "groups": _single("groups", d.group_signal, p.group_signal_plot),
@@ -177,7 +180,7 @@ def diagnose_cmd(
 ) -> None:
     """The paper's mechanism diagnostics, computed from the per-action records every training
     run writes (`transcripts.records`), pooled over the runs given (a study: all its training
-    runs), grouped by method.
+    runs), grouped by method and environment.
 
     Kinds:
 

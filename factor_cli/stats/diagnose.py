@@ -53,17 +53,24 @@ def active_steps(actions: pd.DataFrame) -> pd.DataFrame:
     return actions[on | ~on.groupby(actions["run_id"]).transform("any")]
 
 
+def by(frame: pd.DataFrame, *extra: str) -> list[str]:
+    """The grouping of every table: method, and env when the frame has it (runs of one method
+    on two environments are never pooled), then ``extra``."""
+    return [c for c in ("method", "env") if c in frame.columns] + list(extra)
+
+
 def credited(actions: pd.DataFrame) -> pd.DataFrame:
     """The actions with |A_t| >= 1e-6."""
     return actions[actions["credit"].abs() >= MIN_ABS]
 
 
-def coef_deviation(actions: pd.DataFrame) -> pd.DataFrame:
-    """Per method: actions, median |w-bar_t - 1|, mean, and the share over 10%, over the actions
-    with non-zero credit of the active steps (an action with A_t = 0 contributes nothing to the
-    loss, and SERL's multiplier is exactly 1 there)."""
+def coef_deviation(actions: pd.DataFrame, per_seed: bool = False) -> pd.DataFrame:
+    """Per method and env (and seed with ``per_seed``): actions, median |w-bar_t - 1|, mean,
+    and the share over 10%, over the actions with non-zero credit of the active steps (an
+    action with A_t = 0 contributes nothing to the loss, and SERL's multiplier is exactly 1
+    there)."""
     a = credited(active_steps(actions)).assign(dev=lambda f: (f["wbar"] - 1.0).abs())
-    g = a.groupby("method")["dev"]
+    g = a.groupby(by(a, *(["seed"] if per_seed else [])))["dev"]
     return pd.DataFrame(
         {
             "actions": g.size(),
@@ -75,16 +82,17 @@ def coef_deviation(actions: pd.DataFrame) -> pd.DataFrame:
 
 
 def group_signal(actions: pd.DataFrame) -> pd.DataFrame:
-    """Per method and step (pooled over runs): groups, share with any |A^seq| >= 1e-6, and the
-    share of actions with |A_t| < 1e-6."""
+    """Per method, env and step (pooled over runs): groups, share with any |A^seq| >= 1e-6, and
+    the share of actions with |A_t| < 1e-6."""
+    keys = by(actions, "step")
     traj = actions.drop_duplicates(["run_id", "step", "traj"])
     groups = (
         traj.assign(sig=traj["a_seq"].abs() >= MIN_ABS)
-        .groupby(["method", "step", "run_id", "group"])["sig"]
+        .groupby([*keys, "run_id", "group"])["sig"]
         .any()
-        .groupby(["method", "step"])
+        .groupby(keys)
     )
-    zero = (actions["credit"].abs() < MIN_ABS).groupby([actions["method"], actions["step"]])
+    zero = (actions["credit"].abs() < MIN_ABS).groupby([actions[k] for k in keys])
     return pd.DataFrame(
         {"groups": groups.size(), "group_signal": groups.mean(), "zero_credit": zero.mean()}
     ).reset_index()
@@ -95,12 +103,13 @@ def value_calibration(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(summary, reliability). Each checkpoint state x_t with continuations is one point:
     prediction V_target(x_t) (the action row's ``value``), target the mean of its continuations'
-    returns. Summary per method: states, MSE, Pearson r (NaN when either side is constant).
-    Reliability per method and prediction bin (equal width over the predictions' range): mean
-    prediction, mean target, states."""
+    returns. Summary per method and env: states, MSE, Pearson r (NaN when either side is
+    constant). Reliability per method, env and prediction bin (equal width over the
+    predictions' range): mean prediction, mean target, states."""
     keys = ["run_id", "step", "traj", "turn"]
     target = continuations.groupby(keys)["target"].mean().rename("target").reset_index()
-    points = actions.dropna(subset=["value"]).merge(target, on=keys)[["method", "value", "target"]]
+    group = by(actions)
+    points = actions.dropna(subset=["value"]).merge(target, on=keys)[[*group, "value", "target"]]
     points = points.astype({"value": float, "target": float})
     if points.empty:
         raise ValueError("no state has both a value and continuations")
@@ -110,12 +119,12 @@ def value_calibration(
         r = np.corrcoef(v, y)[0, 1] if len(p) > 1 and v.std() > 0 and y.std() > 0 else np.nan
         return pd.Series({"states": len(p), "mse": float(np.mean((v - y) ** 2)), "pearson": r})
 
-    table = points.groupby("method")[["value", "target"]].apply(summary).reset_index()
+    table = points.groupby(group)[["value", "target"]].apply(summary).reset_index()
     lo, hi = points["value"].min(), points["value"].max()
     width = (hi - lo) / bins if hi > lo else 1.0
     points["bin"] = np.minimum(((points["value"] - lo) / width).astype(int), bins - 1)
     curve = (
-        points.groupby(["method", "bin"])
+        points.groupby([*group, "bin"])
         .agg(prediction=("value", "mean"), target=("target", "mean"), states=("value", "size"))
         .reset_index()
     )
@@ -123,7 +132,7 @@ def value_calibration(
 
 
 def length_bias(actions: pd.DataFrame, edges: tuple[int, ...] = LENGTH_EDGES) -> pd.DataFrame:
-    """Per method and token-count bucket: actions, mean surrogate weight under action-mean
+    """Per method, env and token-count bucket: actions, mean surrogate weight under action-mean
     (w-bar_t) and token-mean (L_t w-bar_t / L-bar, L-bar the mean L_t of the run's step)."""
     mean_len = actions.groupby(["run_id", "step"])["length"].transform("mean")
     a = actions.assign(
@@ -132,7 +141,7 @@ def length_bias(actions: pd.DataFrame, edges: tuple[int, ...] = LENGTH_EDGES) ->
         token_mean=actions["length"] * actions["wbar"] / mean_len,
     )
     return (
-        a.groupby(["method", "bucket"], observed=True)
+        a.groupby(by(a, "bucket"), observed=True)
         .agg(
             actions=("wbar", "size"),
             action_mean=("action_mean", "mean"),
@@ -143,12 +152,12 @@ def length_bias(actions: pd.DataFrame, edges: tuple[int, ...] = LENGTH_EDGES) ->
 
 
 def horizon(actions: pd.DataFrame, edges: tuple[int, ...] = HORIZON_EDGES) -> pd.DataFrame:
-    """Per method and trajectory-length bucket (T_i actions): trajectories and success rate of
+    """Per method, env and trajectory-length bucket (T_i actions): trajectories and success rate of
     the recorded training episodes."""
     traj = actions.drop_duplicates(["run_id", "step", "traj"])
     traj = traj.assign(bucket=_buckets(traj["turns"], edges))
     return (
-        traj.groupby(["method", "bucket"], observed=True)
+        traj.groupby(by(traj, "bucket"), observed=True)
         .agg(trajectories=("success", "size"), success=("success", "mean"))
         .reset_index()
     )
@@ -159,7 +168,7 @@ SIGN_RESAMPLES = 2000
 
 def td_sign(estimates: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     """Sign agreement of the credit A_t with an independent Monte-Carlo advantage ``mc`` (paper
-    Fig. 5B, Table 19): per method and phase (``early``, ``late``, and ``all``), the actions
+    Fig. 5B, Table 19): per method, env and phase (``early``, ``late``, and ``all``), the actions
     compared, the ties left out (mc = 0: the N returns from x_{t+1} and from x_t average the
     same, so neither sign is supported; a phase of ties alone has no share), and the share
     with sgn(A_t) = sgn(mc), with a 95%
@@ -169,23 +178,25 @@ def td_sign(estimates: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     ``estimates``: one row per action with ``credit``, ``mc``, ``phase``, ``method``, ``run_id``,
     ``step`` and ``traj``; actions with |A_t| < 1e-6 are left out, as in the paper.
     """
-    cols = ["method", "phase", "actions", "ties", "agreement", "ci_low", "ci_high"]
+    frame = credited(estimates)
+    group = by(frame)
+    cols = [*group, "phase", "actions", "ties", "agreement", "ci_low", "ci_high"]
     rows = []
     rng = np.random.default_rng(seed)
-    frame = credited(estimates)
-    for method, by_method in frame.groupby("method", sort=True):
+    for key, by_method in frame.groupby(group, sort=True):
+        head = list(key) if isinstance(key, tuple) else [key]
         for phase in ("early", "late", "all"):
             part = by_method if phase == "all" else by_method[by_method["phase"] == phase]
             ties = int((part["mc"] == 0).sum())
             part = part[part["mc"] != 0]
             if part.empty:  # nothing compared: say how many ties there were
                 if ties:
-                    rows.append([method, phase, 0, ties, np.nan, np.nan, np.nan])
+                    rows.append([*head, phase, 0, ties, np.nan, np.nan, np.nan])
                 continue
             agree = (np.sign(part["credit"]) == np.sign(part["mc"])).to_numpy(dtype=float)
             cluster = part.groupby(["run_id", "step", "traj"], sort=False).ngroup().to_numpy()
             low, high = _cluster_interval(agree, cluster, rng)
-            rows.append([method, phase, len(part), ties, float(agree.mean()), low, high])
+            rows.append([*head, phase, len(part), ties, float(agree.mean()), low, high])
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -203,13 +214,15 @@ def _cluster_interval(
 
 
 def credit_agreement(replayed: pd.DataFrame, estimators: list[str]) -> pd.DataFrame:
-    """Per method of the runs (one rollout set each) and pair (a, b) of ``estimators`` (columns
-    of ``replayed``: each estimator's A_t on the same actions): the actions both credited
+    """Per method and env of the runs (one rollout set each) and pair (a, b) of ``estimators``
+    (columns of ``replayed``: each estimator's A_t on the same actions): the actions both credited
     (|A| >= 1e-6 under both), the share of those with sgn(A^a_t) = sgn(A^b_t), and Spearman's
     rank correlation over all actions both estimators gave credit to (NaN when either is
     constant). Estimators with no credit on a method's runs (NaN) are left out of its pairs."""
     rows = []
-    for method, part in replayed.groupby("method", sort=True):
+    group = by(replayed)
+    for key, part in replayed.groupby(group, sort=True):
+        head = list(key) if isinstance(key, tuple) else [key]
         names = [e for e in estimators if part[e].notna().all()]
         for i, a in enumerate(names):
             for b in names[i + 1 :]:
@@ -218,8 +231,8 @@ def credit_agreement(replayed: pd.DataFrame, estimators: list[str]) -> pd.DataFr
                 same = np.sign(x[both]) == np.sign(y[both])
                 agree = float(same.mean()) if both.any() else np.nan
                 rho = _spearman(x, y)
-                rows.append([method, a, b, len(part), int(both.sum()), agree, rho])
-    cols = ["method", "estimator_a", "estimator_b", "actions", "both_credited", "sign_agree",
+                rows.append([*head, a, b, len(part), int(both.sum()), agree, rho])
+    cols = [*group, "estimator_a", "estimator_b", "actions", "both_credited", "sign_agree",
             "spearman"]  # fmt: skip
     return pd.DataFrame(rows, columns=cols)
 

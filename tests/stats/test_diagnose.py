@@ -40,6 +40,25 @@ def test_coef_deviation_of_a_mean_preserving_method_is_zero() -> None:
     assert (row["actions"], row["median"], row["share_over_10pct"]) == (4, 0.0, 0.0)
 
 
+def test_coef_deviation_per_env_and_per_seed() -> None:
+    """Runs of one method on two environments are never pooled; per_seed splits by seed."""
+    acts = frame(
+        [
+            {"traj": 0, "wbar": 1.2, "credit": 0.5},
+            {"traj": 0, "wbar": 1.0, "credit": 0.5, "run_id": "r2", "seed": "2"},
+            {"traj": 0, "wbar": 0.6, "credit": 0.5, "run_id": "r3", "env": "sciworld"},
+        ]
+    )
+    pooled = d.coef_deviation(acts).set_index("env")
+    assert list(pooled.index) == ["sciworld", "twx"]
+    assert pooled.loc["twx", "actions"] == 2 and pooled.loc["twx", "median"] == pytest.approx(0.1)
+    assert pooled.loc["sciworld", "median"] == pytest.approx(0.4)
+    seeds = d.coef_deviation(acts, per_seed=True).set_index(["env", "seed"])["median"]
+    assert seeds.to_dict() == pytest.approx(
+        {("sciworld", "1"): 0.4, ("twx", "1"): 0.2, ("twx", "2"): 0.0}
+    )
+
+
 def test_group_signal_per_step() -> None:
     acts = frame(
         [
