@@ -39,18 +39,23 @@ RESAMPLES = 10_000
 BOOT_SEED = 0
 
 
-def setting_of(rooms: str | int, turns: str | int) -> str:
-    """The task label of a cell: ``coin3 T6`` for three rooms and a 6-turn limit."""
-    return f"coin{rooms} T{turns}"
+GAME_LABELS = {"coin": "coin", "cookingworld": "cooking"}
+
+
+def setting_of(rooms: str | int, turns: str | int, game: str = "coin") -> str:
+    """The task label of a cell: ``coin3 T6`` for three rooms and a 6-turn limit,
+    ``cooking1 T12`` for cookingworld with one room and 12 turns."""
+    return f"{GAME_LABELS.get(game, game)}{rooms} T{turns}"
 
 
 # ------------------------------------------------------------------------------------- export
 
 
-def _setting(cfg: object) -> str:
-    coin = cfg.env.options["params"]["coin"]  # type: ignore[attr-defined]
-    rooms = re.search(r"numLocations=(\d+)", coin)
-    return setting_of(rooms.group(1) if rooms else "?", cfg.env.max_turns)  # type: ignore[attr-defined]
+def _setting(cfg: Any) -> str:
+    game = cfg.env.games[0]
+    params = cfg.env.options["params"].get(game, "")
+    rooms = re.search(r"numLocations=(\d+)", params)
+    return setting_of(rooms.group(1) if rooms else "?", cfg.env.max_turns, game)
 
 
 def export(study: str, out: Path, samples: int, actions: int) -> None:
@@ -112,6 +117,7 @@ def _export_diagnostics(runs: pd.DataFrame, out: Path, samples: int, actions: in
     from rich.progress import Progress
 
     from factor_cli.ledger.records import load_records
+    from factor_cli.rollout.credit_replay import COMPARED, replay_credit
     from factor_cli.stats import diagnose as d
     from factor_cli.train.replay import McPlan
     from factor_cli.train.td_sign import td_sign_estimates
@@ -129,7 +135,10 @@ def _export_diagnostics(runs: pd.DataFrame, out: Path, samples: int, actions: in
             "reliability": curve,
             "length-bias": d.length_bias(recs.actions),
             "horizon": d.horizon(recs.actions),
+            "compare": d.credit_agreement(replay_credit(recs.actions), list(COMPARED)),
         }.items():
+            # One environment per setting: the setting column says it.
+            table = table.drop(columns="env", errors="ignore")
             tables.setdefault(name, []).append(table.assign(setting=setting))
         factor = recs.runs[recs.runs["method"] == "factor"]
         cache = Path("runs") / "td-sign-estimates"
@@ -292,6 +301,9 @@ def study_blocks(folder: Path) -> dict[str, str]:
     for kind in ("coef-deviation", "value", "length-bias", "horizon"):
         table = _diag(folder, kind)
         blocks[kind] = _md(table[["setting", *[c for c in table if c != "setting"]]])
+    if (folder / "diagnostics" / "compare.csv").exists():  # exported since diagnose compare
+        table = _diag(folder, "compare")
+        blocks["compare"] = _md(table[["setting", *[c for c in table if c != "setting"]]])
     groups = _diag(folder, "groups").groupby(["setting", "method"], as_index=False)[
         ["group_signal", "zero_credit"]].mean()  # fmt: skip
     blocks["groups-summary"] = _md(groups)
