@@ -74,6 +74,34 @@ def _td_sign(mc: McOptions) -> Kind:
     )
 
 
+def _feedback(mc: McOptions) -> Kind:
+    from factor_cli.stats import diagnose as d
+    from factor_cli.stats import diagnose_plots as p
+
+    def tables(r: Any) -> dict[str, Any]:
+        from rich.progress import Progress
+
+        from factor_cli.train.feedback_probe import feedback_estimates
+        from factor_cli.train.replay import McPlan
+
+        plan = McPlan(samples=1, actions=mc.actions, seed=mc.seed)
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("feedback", total=None)
+
+            def progress(label: str, done: int, total: int) -> None:
+                bar.update(task, description=label, completed=done, total=total)
+
+            rows = feedback_estimates(
+                r.actions, r.runs, plan, mc.cache.parent / "feedback", progress
+            )
+        return {"feedback": d.feedback_concentration(rows), "_rows": rows}
+
+    def plot(r: Any, t: dict[str, Any], out: Path) -> Path:
+        return p.feedback_plot(t["feedback"], out)
+
+    return Kind(KIND_SUMMARIES["feedback"], tables, plot)
+
+
 def _compare() -> Kind:
     from factor_cli.stats import diagnose as d
     from factor_cli.stats import diagnose_plots as p
@@ -117,6 +145,7 @@ def _kinds(mc: McOptions) -> dict[str, Kind]:
         "horizon": _single("horizon", d.horizon, p.horizon_plot),
         "td-sign": _td_sign(mc),
         "compare": _compare(),
+        "feedback": _feedback(mc),
     }
 
 
@@ -128,8 +157,9 @@ KIND_SUMMARIES = {
     "horizon": "success by trajectory length (Table 26)",
     "td-sign": "sign of the credit against independent Monte-Carlo advantages (Fig. 5B)",
     "compare": "every estimator's credit on the same recorded actions: sign agreement, rank r",
+    "feedback": "allocation concentration with true, shuffled and no feedback (Table 27)",
 }
-NOT_YET = ("token-perturb", "feedback")
+NOT_YET = ("token-perturb",)
 """Kinds of issue 28 that replay models or environments; not built yet."""
 
 
@@ -172,9 +202,12 @@ def diagnose_cmd(
         int, typer.Option("--samples", min=1, help="td-sign: continuations from x_t and x_{t+1}.")
     ] = 16,
     actions: Annotated[
-        int, typer.Option("--actions", min=1, help="td-sign: actions drawn per replayed step.")
+        int,
+        typer.Option("--actions", min=1, help="td-sign, feedback: actions drawn per kept step."),
     ] = 32,
-    mc_seed: Annotated[int, typer.Option("--mc-seed", help="td-sign: seed of the draws.")] = 0,
+    mc_seed: Annotated[
+        int, typer.Option("--mc-seed", help="td-sign, feedback: seed of the draws.")
+    ] = 0,
     tracking_uri: TrackingOpt = None,
     experiment: ExperimentOpt = "factor",
 ) -> None:
@@ -200,8 +233,12 @@ def diagnose_cmd(
       SERL-Repro (broadcast A^seq), GiGPO, HGPO, FACTOR (TD) and GAE(0.95): pairwise sign
       agreement and Spearman correlation of their credit, per method of the runs. Anchor
       states are keyed by the action history (docs/diagnostics.md).
+    - **feedback**: the trajectories of up to --actions drawn actions of each kept step are
+      replayed under the kept policy, and the teacher scores their replies with the true
+      feedback, another action's, and none; the table is the allocation's concentration
+      under each (Table 27). Cached under --out/feedback.
 
-    token-perturb and feedback (issue 28) are not built yet.
+    token-perturb (issue 28) is not built yet.
     """
     cache = out / "td-sign-estimates"
     kinds = _kinds(McOptions(samples, actions, mc_seed, cache))

@@ -16,6 +16,8 @@ run columns ``run_id``, ``method``, ``env``, ``seed``) and returns a table, one 
 - :func:`horizon`: success by trajectory-length bucket (Table 26).
 - :func:`td_sign`: sign agreement of the credit with an independent Monte-Carlo advantage
   (Fig. 5B, Table 19), early and late, with a bootstrap interval over trajectories.
+- :func:`feedback_concentration`: the allocation's concentration with true, shuffled and no
+  feedback (Table 27).
 - :func:`credit_agreement`: several estimators' credit on the same actions: pairwise sign
   agreement and Spearman rank correlation.
 """
@@ -243,3 +245,30 @@ def _spearman(x: np.ndarray, y: np.ndarray) -> float:
     if len(x) < 2 or rx.std() == 0 or ry.std() == 0:
         return float("nan")
     return float(np.corrcoef(rx, ry)[0, 1])
+
+
+FEEDBACK_ORDER = {"true": 0, "shuffled": 1, "none": 2}
+
+
+def feedback_concentration(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per method, env and feedback condition (paper Table 27), over the replayed actions of
+    two or more tokens: actions, the mean top-quartile mass of rho (uniform: the mean of
+    ceil(L/4)/L, column ``uniform_top_mass``), the mean normalised entropy H(rho) / log L
+    (uniform: 1) and the mean |Delta| per token."""
+    a = rows[rows["length"] > 1]
+    if a.empty:
+        raise ValueError("no replayed action has two or more tokens: concentration is trivial")
+    a = a.assign(uniform=np.ceil(a["length"] / 4) / a["length"])
+    table = (
+        a.groupby(by(a, "condition"))
+        .agg(
+            actions=("top_mass", "size"),
+            top_mass=("top_mass", "mean"),
+            uniform_top_mass=("uniform", "mean"),
+            entropy=("entropy", "mean"),
+            gap_abs=("gap_abs", "mean"),
+        )
+        .reset_index()
+    )
+    order = table["condition"].map(FEEDBACK_ORDER)
+    return table.assign(_o=order).sort_values([*by(table), "_o"]).drop(columns="_o")

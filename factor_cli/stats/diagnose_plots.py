@@ -141,3 +141,11 @@ def agreement_plot(table: pd.DataFrame, out: Path) -> Path:
     if image is not None:
         fig.colorbar(image, ax=list(axes))
     return _save(fig, out)
+
+
+def feedback_plot(table: pd.DataFrame, out: Path) -> Path:
+    """Top-quartile mass of the allocation per feedback condition and method, beside the
+    uniform allocation's."""
+    return _bars(table, "condition", ["top_mass", "uniform_top_mass"],
+                 "Allocation concentration by teacher feedback (paper Table 27)",
+                 "share of rho on the top quarter of tokens", out)  # fmt: skip

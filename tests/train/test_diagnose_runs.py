@@ -83,7 +83,9 @@ def test_bad_input_is_one_line(study: dict[str, str]) -> None:
         ("value", study["factor"], "--steps", "3:1"): "expected A:B",
         ("nonsense", study["factor"]): "unknown diagnostic 'nonsense'",
         ("td-sign", study["factor"], "--steps", "1:1"): "no recorded step's policy was kept",
-        ("feedback", study["factor"]): "not built yet",
+        ("token-perturb", study["factor"]): "not built yet",
+        ("feedback", study["grpo"]): "no diagnostic records",
+        ("feedback", study["factor"], "--steps", "1:1"): "no recorded step's policy was kept",
         ("compare", study["grpo"]): "no diagnostic records",
     }
     for args, message in cases.items():
@@ -131,3 +133,26 @@ def test_compare_replays_each_run_to_its_own_credit(study: dict[str, str]) -> No
     table = pd.read_csv(Path(study["out"]) / "compare.csv")
     assert res.exit_code == 0 and len(table) == 10  # 5 estimators: 10 pairs
     assert table["sign_agree"].between(0, 1).all()
+
+
+def test_feedback_replays_a_kept_step_under_three_feedbacks(study: dict[str, str]) -> None:
+    """Step 2's drawn trajectories replay under checkpoint 1: the true-feedback allocation is
+    the one training recorded, FACTOR's mean weight stays 1 under every feedback, and a rerun
+    reads the cache."""
+    res = diagnose(study, "feedback", study["factor"], "--actions", "3", "--mc-seed", "2")
+    assert res.exit_code == 0, res.output
+    (cache,) = sorted((Path(study["out"]) / "feedback").glob("*.csv"))
+    rows = pd.read_csv(cache)
+    assert set(rows["condition"]) == {"true", "shuffled", "none"} and set(rows["step"]) == {2}
+    assert (rows["wbar"] - 1.0).abs().max() < 1e-9  # mean-preserving whatever the feedback
+    from factor_cli.ledger.records import load_records
+
+    rec = load_records([study["factor"]], (2, 2), study["uri"]).actions
+    true = rows[rows["condition"] == "true"].merge(rec, on=["step", "traj", "turn"])
+    assert len(true) == len(rows) // 3 > 0
+    assert (true["top_mass_x"] - true["top_mass_y"]).abs().max() < 1e-3  # replay = record
+    table = pd.read_csv(Path(study["out"]) / "feedback.csv")
+    assert list(table["condition"]) == ["true", "shuffled", "none"]
+    stamp = cache.stat().st_mtime_ns
+    again = diagnose(study, "feedback", study["factor"], "--actions", "3", "--mc-seed", "2")
+    assert again.exit_code == 0 and cache.stat().st_mtime_ns == stamp
