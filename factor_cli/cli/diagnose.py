@@ -102,6 +102,33 @@ def _feedback(mc: McOptions) -> Kind:
     return Kind(KIND_SUMMARIES["feedback"], tables, plot)
 
 
+def _token_perturb(mc: McOptions) -> Kind:
+    from factor_cli.stats import diagnose as d
+    from factor_cli.stats import diagnose_plots as p
+
+    def tables(r: Any) -> dict[str, Any]:
+        from rich.progress import Progress
+
+        from factor_cli.train.replay import McPlan
+        from factor_cli.train.token_perturb import perturb_estimates
+
+        plan = McPlan(samples=mc.samples, actions=mc.actions, seed=mc.seed)
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("token-perturb", total=None)
+
+            def progress(label: str, done: int, total: int) -> None:
+                bar.update(task, description=label, completed=done, total=total)
+
+            cache = mc.cache.parent / "token-perturb"
+            rows = perturb_estimates(r.actions, r.runs, plan, cache, progress)
+        return {"token-perturb": d.token_perturb(rows), "_rows": rows}
+
+    def plot(r: Any, t: dict[str, Any], out: Path) -> Path:
+        return p.token_perturb_plot(t["token-perturb"], out)
+
+    return Kind(KIND_SUMMARIES["token-perturb"], tables, plot)
+
+
 def _compare() -> Kind:
     from factor_cli.stats import diagnose as d
     from factor_cli.stats import diagnose_plots as p
@@ -146,6 +173,7 @@ def _kinds(mc: McOptions) -> dict[str, Kind]:
         "td-sign": _td_sign(mc),
         "compare": _compare(),
         "feedback": _feedback(mc),
+        "token-perturb": _token_perturb(mc),
     }
 
 
@@ -158,9 +186,8 @@ KIND_SUMMARIES = {
     "td-sign": "sign of the credit against independent Monte-Carlo advantages (Fig. 5B)",
     "compare": "every estimator's credit on the same recorded actions: sign agreement, rank r",
     "feedback": "allocation concentration with true, shuffled and no feedback (Table 27)",
+    "token-perturb": "return change from perturbing top vs bottom allocation tokens (Fig. 5C)",
 }
-NOT_YET = ("token-perturb",)
-"""Kinds of issue 28 that replay models or environments; not built yet."""
 
 
 def _steps(text: str | None) -> tuple[int, int] | None:
@@ -199,7 +226,8 @@ def diagnose_cmd(
         "diagnostics"
     ),
     samples: Annotated[
-        int, typer.Option("--samples", min=1, help="td-sign: continuations from x_t and x_{t+1}.")
+        int,
+        typer.Option("--samples", min=1, help="td-sign, token-perturb: continuations per side."),
     ] = 16,
     actions: Annotated[
         int,
@@ -237,14 +265,13 @@ def diagnose_cmd(
       replayed under the kept policy, and the teacher scores their replies with the true
       feedback, another action's, and none; the table is the allocation's concentration
       under each (Table 27). Cached under --out/feedback.
-
-    token-perturb (issue 28) is not built yet.
+    - **token-perturb**: for the same drawn actions, the top and the bottom quarter of each
+      action's tokens by allocation are replaced by random tokens, and --samples continuations
+      after each perturbed action and after the recorded one give the return change, by credit
+      sign, with the AUC (Fig. 5C, Tables 15-16). Cached under --out/token-perturb.
     """
     cache = out / "td-sign-estimates"
     kinds = _kinds(McOptions(samples, actions, mc_seed, cache))
-    if kind in NOT_YET:
-        fail(f"diagnose {kind}: not built yet (it replays models or environments); "
-             f"available: {', '.join(kinds)}")  # fmt: skip
     if kind not in kinds:
         fail(f"unknown diagnostic {kind!r}; available: {', '.join(kinds)}")
     window = _steps(steps)

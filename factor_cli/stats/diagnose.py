@@ -18,6 +18,8 @@ run columns ``run_id``, ``method``, ``env``, ``seed``) and returns a table, one 
   (Fig. 5B, Table 19), early and late, with a bootstrap interval over trajectories.
 - :func:`feedback_concentration`: the allocation's concentration with true, shuffled and no
   feedback (Table 27).
+- :func:`token_perturb`: the return change from perturbing the top vs the bottom quartile of
+  the allocation, by credit sign, and the AUC (Fig. 5C, Tables 15-16).
 - :func:`credit_agreement`: several estimators' credit on the same actions: pairwise sign
   agreement and Spearman rank correlation.
 """
@@ -272,3 +274,27 @@ def feedback_concentration(rows: pd.DataFrame) -> pd.DataFrame:
     )
     order = table["condition"].map(FEEDBACK_ORDER)
     return table.assign(_o=order).sort_values([*by(table), "_o"]).drop(columns="_o")
+
+
+def token_perturb(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per method, env and credit sign (paper Fig. 5C, Tables 15-16): actions, the mean return
+    change Delta G from perturbing the top and the bottom quartile of rho, the share of
+    perturbed actions the environment did not list as admissible, and the AUC: over actions,
+    P(Delta G_top < Delta G_bottom) + P(=) / 2 (0.5: the allocation's top tokens matter no
+    more than its bottom ones; above 0.5: perturbing the top hurts more)."""
+    a = rows.assign(sign=np.where(rows["credit"] > 0, "positive", "negative"))
+    keys = [*by(a), "sign"]
+    wide = a.pivot_table(index=[*keys, "run_id", "step", "traj", "turn"], columns="quartile",
+                         values="delta", aggfunc="first").dropna().reset_index()  # fmt: skip
+    if wide.empty:
+        raise ValueError("no action was perturbed in both quartiles")
+    score = (wide["top"] < wide["bottom"]) + 0.5 * (wide["top"] == wide["bottom"])
+    table = (
+        wide.assign(auc=score.astype(float))
+        .groupby(keys)
+        .agg(actions=("auc", "size"), delta_top=("top", "mean"),
+             delta_bottom=("bottom", "mean"), auc=("auc", "mean"))
+        .reset_index()
+    )  # fmt: skip
+    invalid = (~a["valid"].astype(bool)).groupby([a[k] for k in keys]).mean().rename("invalid")
+    return table.merge(invalid.reset_index(), on=keys)

@@ -149,3 +149,12 @@ def feedback_plot(table: pd.DataFrame, out: Path) -> Path:
     return _bars(table, "condition", ["top_mass", "uniform_top_mass"],
                  "Allocation concentration by teacher feedback (paper Table 27)",
                  "share of rho on the top quarter of tokens", out)  # fmt: skip
+
+
+def token_perturb_plot(table: pd.DataFrame, out: Path) -> Path:
+    """Mean return change from perturbing the top vs the bottom quartile of rho, per method and
+    credit sign."""
+    labelled = table.assign(method=table["method"] + " " + table["sign"])
+    return _bars(labelled, "sign", ["delta_top", "delta_bottom"],
+                 "Return change from perturbing allocation quartiles (paper Fig. 5C)",
+                 "mean Delta G", out)  # fmt: skip

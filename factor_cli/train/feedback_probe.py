@@ -154,18 +154,86 @@ def with_feedback(episodes: list[Episode], condition: str, seed: int) -> list[Ep
     return out
 
 
-def concentration(
-    episodes: list[Episode], teacher: list[list[float]], credit: torch.Tensor, method: str,
-    strength: float,
-) -> pd.DataFrame:  # fmt: skip
+@dataclasses.dataclass
+class ReplayedStep:
+    """A kept step's drawn trajectories played again under its policy (module docstring)."""
+
+    cfg: Any
+    policy: Any
+    episodes: list[Episode]
+    rows: pd.DataFrame
+    """The action records of the replayed trajectories, in packing order (traj, turn)."""
+    strength: float
+    """The step's recorded eta_k (eta_0 where the teacher was off)."""
+    dropped: int
+    """Drawn trajectories whose replay left the record."""
+    drawn: set[tuple[int, int]] = dataclasses.field(default_factory=set)
+    """(traj, turn) of the drawn actions whose trajectories were replayed."""
+
+
+def replay_step(
+    run_dir: Path, step_actions: pd.DataFrame, plan: McPlan, on_turn: Any = None
+) -> ReplayedStep:
+    """The trajectories of the actions :func:`.replay.draw_actions` draws from one step,
+    replayed by script under the policy of checkpoint k - 1."""
+    k = int(step_actions["step"].iloc[0])
+    chosen = draw_actions(step_actions, plan)
+    trajs = sorted(chosen["traj"].unique().tolist())
+    rows = step_actions[step_actions["traj"].isin(trajs)].sort_values(["traj", "turn"])
+    plays = [(str(g["instance"].iloc[0]), int(g["group"].iloc[0]), g["action"].astype(str).tolist())
+             for _, g in rows.groupby("traj", sort=True)]  # fmt: skip
+    ckpt = checkpoint_dir(run_dir, k - 1)
+    cfg = run_config(ckpt)
+    policy = load_checkpoint_policy(run_dir, ckpt, cfg)
+    replayed = replay_trajectories(cfg, policy, plays, on_turn)
+    kept = [(t, ep) for t, ep in zip(trajs, replayed) if ep is not None]
+    if not kept:
+        raise ValueError(f"step {k}: no trajectory's replay retraced its record")
+    recorded = float(step_actions["strength"].iloc[0]) if "strength" in step_actions else 0.0
+    return ReplayedStep(
+        cfg, policy, [ep for _, ep in kept],
+        rows[rows["traj"].isin([t for t, _ in kept])].reset_index(drop=True),
+        recorded if recorded > 0 else CreditConfig().eta_0, len(trajs) - len(kept),
+        {(int(t), int(u)) for t, u in zip(chosen["traj"], chosen["turn"])},
+    )  # fmt: skip
+
+
+def allocation_weights(
+    step: ReplayedStep, method: str, conditions: Sequence[str], seed: int
+) -> dict[str, tuple[Any, torch.Tensor]]:
+    """Per feedback condition: the packed batch of the replayed episodes (with that
+    condition's teacher log-probs) and the method's allocation omega [N_tok] on it, under the
+    recorded credit and the step's strength."""
+    from .generation import make_backend
+    from .prompts import prompt_format
+
+    scorer = make_backend(step.cfg.rollout, step.policy)
+    alloc = ALLOCATIONS.get(METHODS.get(method).allocation)
+    credit = torch.tensor(step.rows["credit"].to_numpy(), dtype=torch.float64)
+    out = {}
+    try:
+        for condition in conditions:
+            eps = with_feedback(step.episodes, condition, seed)
+            teacher = teacher_logprobs(scorer.score, step.policy.tokenizer,
+                                       prompt_format(step.cfg), eps, scorer.encode,
+                                       step.cfg.rollout.temperature)  # fmt: skip
+            rb = pack_episodes(eps, "raw", logp_teacher=teacher, dtype=torch.float64)
+            idx = rb.batch.action_index.long()
+            out[condition] = (
+                rb, alloc(rb.batch.gap, idx, credit, step.strength, CreditConfig(), None,
+                          check=False),
+            )  # fmt: skip
+    finally:
+        scorer.close()
+    return out
+
+
+def concentration(rb: Any, weight: torch.Tensor) -> pd.DataFrame:
     """Per action (packing order): its token count, the mean weight w-bar_t, the allocation's
-    top-quartile mass, the
-    normalised entropy H(rho) / log L_t (NaN for one token) and the mean |Delta|."""
-    rb = pack_episodes(episodes, "raw", logp_teacher=teacher, dtype=torch.float64)
+    top-quartile mass, the normalised entropy H(rho) / log L_t (NaN for one token) and the
+    mean |Delta|."""
     b = rb.batch
     idx = b.action_index.long()
-    alloc = ALLOCATIONS.get(METHODS.get(method).allocation)
-    weight = alloc(b.gap, idx, credit, strength, CreditConfig(), None, check=False)
     n = b.num_actions
     top = top_quartile_mass(weight, idx, n)
     rho = weight / torch.zeros(n, dtype=weight.dtype).index_add(0, idx, weight)[idx]
@@ -186,49 +254,16 @@ def feedback_rows(
 ) -> pd.DataFrame:
     """One step's drawn trajectories replayed and scored under every condition (:data:`COLUMNS`
     rows, one per action and condition; ``dropped`` in ``attrs``)."""
-    k = int(step_actions["step"].iloc[0])
-    chosen = draw_actions(step_actions, plan)
-    trajs = sorted(chosen["traj"].unique().tolist())
-    rows = step_actions[step_actions["traj"].isin(trajs)].sort_values(["traj", "turn"])
-    plays = [(str(g["instance"].iloc[0]), int(g["group"].iloc[0]), g["action"].astype(str).tolist())
-             for _, g in rows.groupby("traj", sort=True)]  # fmt: skip
-    ckpt = checkpoint_dir(run_dir, k - 1)
-    cfg = run_config(ckpt)
-    policy = load_checkpoint_policy(run_dir, ckpt, cfg)
-    replayed = replay_trajectories(cfg, policy, plays, on_turn)
-    kept = [(t, ep) for t, ep in zip(trajs, replayed) if ep is not None]
-    if not kept:
-        raise ValueError(f"step {k}: no trajectory's replay retraced its record")
-    episodes = [ep for _, ep in kept]
-    own = rows[rows["traj"].isin([t for t, _ in kept])]
-    credit = torch.tensor(own["credit"].to_numpy(), dtype=torch.float64)
-    recorded = float(step_actions["strength"].iloc[0]) if "strength" in step_actions else 0.0
-    strength = recorded if recorded > 0 else CreditConfig().eta_0
-    from .generation import make_backend
-
-    scorer = make_backend(cfg.rollout, policy)
+    step = replay_step(run_dir, step_actions, plan, on_turn)
     frames = []
-    try:
-        fmt = _fmt(cfg)
-        for condition in CONDITIONS:
-            eps = with_feedback(episodes, condition, plan.seed)
-            teacher = teacher_logprobs(scorer.score, policy.tokenizer, fmt, eps, scorer.encode,
-                                       cfg.rollout.temperature)  # fmt: skip
-            conc = concentration(eps, teacher, credit, method, strength)
-            frames.append(conc.assign(step=k, traj=own["traj"].to_numpy(),
-                                      turn=own["turn"].to_numpy(), condition=condition,
-                                      strength=strength))  # fmt: skip
-    finally:
-        scorer.close()
+    for condition, (rb, weight) in allocation_weights(step, method, CONDITIONS, plan.seed).items():
+        frames.append(concentration(rb, weight).assign(
+            step=int(step_actions["step"].iloc[0]), traj=step.rows["traj"].to_numpy(),
+            turn=step.rows["turn"].to_numpy(), condition=condition, strength=step.strength,
+        ))  # fmt: skip
     out = pd.concat(frames, ignore_index=True)[list(COLUMNS)]
-    out.attrs["dropped"] = len(trajs) - len(kept)
+    out.attrs["dropped"] = step.dropped
     return out
-
-
-def _fmt(cfg: Any) -> Any:
-    from .prompts import prompt_format
-
-    return prompt_format(cfg)
 
 
 def feedback_estimates(

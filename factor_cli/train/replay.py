@@ -97,7 +97,7 @@ def draw_actions(actions: pd.DataFrame, plan: McPlan) -> pd.DataFrame:
     return pool.iloc[chosen]
 
 
-def _terminal(row: Any, max_turns: int) -> bool:
+def ends_episode(row: Any, max_turns: int) -> bool:
     """Whether a_t ended its episode: the last action of a win, or of a shorter-than-limit play."""
     last = int(row.turn) == int(row.turns) - 1
     return last and (bool(row.success) or int(row.turns) < max_turns)
@@ -126,7 +126,7 @@ def mc_advantages(
     jobs: list[Job] = []
     for a, row in enumerate(chosen.itertuples(index=False)):
         played, t = plays[row.traj], int(row.turn)
-        sides = [played[:t]] if _terminal(row, max_turns) else [played[:t], played[: t + 1]]
+        sides = [played[:t]] if ends_episode(row, max_turns) else [played[:t], played[: t + 1]]
         for s, prefix in enumerate(sides):
             start = Start(row.instance, int(row.group), prefix, None, plan.horizon)
             key = (a * 2 + s) * plan.samples
@@ -150,7 +150,7 @@ def _estimates(
     for row in chosen.itertuples(index=False):
         v_eps = episodes[i : i + n]
         i += n
-        if _terminal(row, max_turns):
+        if ends_episode(row, max_turns):
             q_eps, q = [], float(row.outcome)
         else:
             q_eps = episodes[i : i + n]

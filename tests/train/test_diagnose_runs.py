@@ -83,7 +83,7 @@ def test_bad_input_is_one_line(study: dict[str, str]) -> None:
         ("value", study["factor"], "--steps", "3:1"): "expected A:B",
         ("nonsense", study["factor"]): "unknown diagnostic 'nonsense'",
         ("td-sign", study["factor"], "--steps", "1:1"): "no recorded step's policy was kept",
-        ("token-perturb", study["factor"]): "not built yet",
+        ("token-perturb", study["factor"], "--steps", "1:1"): "no recorded step's policy was kept",
         ("feedback", study["grpo"]): "no diagnostic records",
         ("feedback", study["factor"], "--steps", "1:1"): "no recorded step's policy was kept",
         ("compare", study["grpo"]): "no diagnostic records",
@@ -156,3 +156,20 @@ def test_feedback_replays_a_kept_step_under_three_feedbacks(study: dict[str, str
     stamp = cache.stat().st_mtime_ns
     again = diagnose(study, "feedback", study["factor"], "--actions", "3", "--mc-seed", "2")
     assert again.exit_code == 0 and cache.stat().st_mtime_ns == stamp
+
+
+def test_token_perturb_plays_out_both_quartiles_of_drawn_actions(study: dict[str, str]) -> None:
+    args = ("token-perturb", study["factor"], "--samples", "2", "--actions", "4", "--mc-seed", "3")
+    res = diagnose(study, *args)
+    assert res.exit_code == 0, res.output
+    (cache,) = sorted((Path(study["out"]) / "token-perturb").glob("*.csv"))
+    rows = pd.read_csv(cache, keep_default_na=False, na_values=[""])
+    assert len(rows) > 0 and len(rows) % 2 == 0 and (rows["length"] >= 2).all()
+    pairs = rows.groupby(["traj", "turn"])["quartile"].apply(sorted)
+    assert all(q == ["bottom", "top"] for q in pairs)
+    assert ((rows["delta"] - (rows["g_perturbed"] - rows["g_base"])).abs() < 1e-12).all()
+    assert (rows["perturbed"] != rows["action"]).any()  # the perturbation changes actions
+    table = pd.read_csv(Path(study["out"]) / "token-perturb.csv")
+    assert table["auc"].between(0, 1).all() and table["actions"].sum() == len(pairs)
+    stamp = cache.stat().st_mtime_ns
+    assert diagnose(study, *args).exit_code == 0 and cache.stat().st_mtime_ns == stamp

@@ -1,0 +1,50 @@
+"""token-perturb's pieces on hand-made inputs: which tokens a quartile names, the perturbation,
+and the table's AUC (exact numbers)."""
+
+from __future__ import annotations
+
+import random
+
+import pandas as pd
+import pytest
+import torch
+
+from factor_cli.stats.diagnose import token_perturb
+from factor_cli.train.token_perturb import perturb, quartile_positions
+
+
+def test_quartiles_take_ceil_quarter_highest_and_lowest() -> None:
+    rho = torch.tensor([0.1, 0.4, 0.2, 0.3, 0.0])  # L = 5: ceil(5/4) = 2 tokens
+    assert quartile_positions(rho, "top") == [1, 3]
+    assert quartile_positions(rho, "bottom") == [0, 4]
+    assert quartile_positions(torch.tensor([0.5, 0.5]), "top") == [0]  # ties: by position
+
+
+def test_perturb_replaces_only_the_named_positions_never_with_a_stop_or_itself() -> None:
+    rng = random.Random(0)
+    for _ in range(200):
+        out = perturb([5, 6, 7, 8], [1, 3], 10, {0, 1}, rng)
+        assert out[0] == 5 and out[2] == 7
+        assert out[1] not in (6, 0, 1) and out[3] not in (8, 0, 1)
+
+
+def test_table_auc_and_means_by_hand() -> None:
+    def row(traj: int, credit: float, quartile: str, delta: float, valid: bool = False) -> dict:
+        return {"run_id": "r", "method": "factor", "env": "twx", "step": 5, "traj": traj,
+                "turn": 0, "credit": credit, "quartile": quartile, "delta": delta,
+                "valid": valid}  # fmt: skip
+
+    rows = pd.DataFrame([
+        row(0, 0.5, "top", -0.5), row(0, 0.5, "bottom", 0.0),   # top hurts more: 1
+        row(1, 0.5, "top", 0.0), row(1, 0.5, "bottom", 0.0),    # tie: 1/2
+        row(2, 0.5, "top", 0.2), row(2, 0.5, "bottom", -0.2, True),  # bottom hurts more: 0
+        row(3, -0.5, "top", 0.1), row(3, -0.5, "bottom", 0.3),  # negative credit: 1
+    ])  # fmt: skip
+    table = token_perturb(rows).set_index("sign")
+    pos = table.loc["positive"]
+    assert pos["actions"] == 3 and pos["auc"] == pytest.approx(0.5)
+    assert pos["delta_top"] == pytest.approx(-0.1) and pos["delta_bottom"] == pytest.approx(
+        -0.2 / 3
+    )
+    assert pos["invalid"] == pytest.approx(5 / 6)
+    assert table.loc["negative", "auc"] == 1.0
