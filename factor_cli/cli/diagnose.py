@@ -41,92 +41,69 @@ def _single(name: str, table: Callable[[Any], Any], plot: Callable[[Any, Path], 
 
 @dataclass(frozen=True)
 class McOptions:
-    """td-sign's options: the Monte-Carlo plan and where its estimates are cached."""
+    """The replaying kinds' options: the plan (samples, actions, seed) and the folder whose
+    sub-folders cache their estimates."""
 
     samples: int
     actions: int
     seed: int
-    cache: Path
+    out: Path
 
 
-def _td_sign(mc: McOptions) -> Kind:
-    from factor_cli.stats import diagnose as d
-    from factor_cli.stats import diagnose_plots as p
+def _replaying(
+    mc: McOptions,
+    name: str,
+    estimates: str,
+    table: Callable[[Any], Any],
+    plot: Callable[[dict[str, Any], Path], Path],
+    folder: str,
+    samples: int | None = None,
+) -> Kind:
+    """A kind that replays kept checkpoints: ``estimates`` (``module:function`` of
+    :mod:`factor_cli.train`, imported when run) under a progress bar, its rows cached in
+    ``--out/folder``, then ``table`` of the rows (kept as ``_rows`` for the plot)."""
 
     def tables(r: Any) -> dict[str, Any]:
+        import importlib
+
         from rich.progress import Progress
 
         from factor_cli.train.replay import McPlan
-        from factor_cli.train.td_sign import td_sign_estimates
 
-        plan = McPlan(samples=mc.samples, actions=mc.actions, seed=mc.seed)
+        module, fn = estimates.split(":")
+        estimate = getattr(importlib.import_module(f"factor_cli.train.{module}"), fn)
+        plan = McPlan(samples=samples or mc.samples, actions=mc.actions, seed=mc.seed)
         with Progress(console=console, transient=True) as bar:
-            task = bar.add_task("td-sign", total=None)
+            task = bar.add_task(name, total=None)
 
             def progress(label: str, done: int, total: int) -> None:
                 bar.update(task, description=label, completed=done, total=total)
 
-            est = td_sign_estimates(r.actions, r.runs, plan, mc.cache, progress)
-        return {"td-sign": d.td_sign(est, seed=mc.seed), "_estimates": est}
+            rows = estimate(r.actions, r.runs, plan, mc.out / folder, progress)
+        return {name: table(rows), "_rows": rows}
 
-    return Kind(
-        KIND_SUMMARIES["td-sign"], tables, lambda r, t, out: p.td_sign_plot(t["_estimates"], out)
-    )
+    return Kind(KIND_SUMMARIES[name], tables, lambda r, t, out: plot(t, out))
 
 
-def _feedback(mc: McOptions) -> Kind:
+def _replaying_kinds(mc: McOptions) -> dict[str, Kind]:
     from factor_cli.stats import diagnose as d
     from factor_cli.stats import diagnose_plots as p
 
-    def tables(r: Any) -> dict[str, Any]:
-        from rich.progress import Progress
-
-        from factor_cli.train.feedback_probe import feedback_estimates
-        from factor_cli.train.replay import McPlan
-
-        plan = McPlan(samples=1, actions=mc.actions, seed=mc.seed)
-        with Progress(console=console, transient=True) as bar:
-            task = bar.add_task("feedback", total=None)
-
-            def progress(label: str, done: int, total: int) -> None:
-                bar.update(task, description=label, completed=done, total=total)
-
-            rows = feedback_estimates(
-                r.actions, r.runs, plan, mc.cache.parent / "feedback", progress
-            )
-        return {"feedback": d.feedback_concentration(rows), "_rows": rows}
-
-    def plot(r: Any, t: dict[str, Any], out: Path) -> Path:
-        return p.feedback_plot(t["feedback"], out)
-
-    return Kind(KIND_SUMMARIES["feedback"], tables, plot)
-
-
-def _token_perturb(mc: McOptions) -> Kind:
-    from factor_cli.stats import diagnose as d
-    from factor_cli.stats import diagnose_plots as p
-
-    def tables(r: Any) -> dict[str, Any]:
-        from rich.progress import Progress
-
-        from factor_cli.train.replay import McPlan
-        from factor_cli.train.token_perturb import perturb_estimates
-
-        plan = McPlan(samples=mc.samples, actions=mc.actions, seed=mc.seed)
-        with Progress(console=console, transient=True) as bar:
-            task = bar.add_task("token-perturb", total=None)
-
-            def progress(label: str, done: int, total: int) -> None:
-                bar.update(task, description=label, completed=done, total=total)
-
-            cache = mc.cache.parent / "token-perturb"
-            rows = perturb_estimates(r.actions, r.runs, plan, cache, progress)
-        return {"token-perturb": d.token_perturb(rows), "_rows": rows}
-
-    def plot(r: Any, t: dict[str, Any], out: Path) -> Path:
-        return p.token_perturb_plot(t["token-perturb"], out)
-
-    return Kind(KIND_SUMMARIES["token-perturb"], tables, plot)
+    return {
+        "td-sign": _replaying(
+            mc, "td-sign", "td_sign:td_sign_estimates",
+            lambda rows: d.td_sign(rows, seed=mc.seed),
+            lambda t, out: p.td_sign_plot(t["_rows"], out), "td-sign-estimates",
+        ),
+        "feedback": _replaying(
+            mc, "feedback", "feedback_probe:feedback_estimates", d.feedback_concentration,
+            lambda t, out: p.feedback_plot(t["feedback"], out), "feedback", samples=1,
+        ),
+        "token-perturb": _replaying(
+            mc, "token-perturb", "token_perturb:perturb_estimates", d.token_perturb,
+            lambda t, out: p.token_perturb_plot(t["token-perturb"], out), "token-perturb",
+        ),
+    }  # fmt: skip
 
 
 def _compare() -> Kind:
@@ -170,10 +147,8 @@ def _kinds(mc: McOptions) -> dict[str, Kind]:
         ),
         "length-bias": _single("length-bias", d.length_bias, p.length_bias_plot),
         "horizon": _single("horizon", d.horizon, p.horizon_plot),
-        "td-sign": _td_sign(mc),
         "compare": _compare(),
-        "feedback": _feedback(mc),
-        "token-perturb": _token_perturb(mc),
+        **_replaying_kinds(mc),
     }
 
 
@@ -270,8 +245,7 @@ def diagnose_cmd(
       after each perturbed action and after the recorded one give the return change, by credit
       sign, with the AUC (Fig. 5C, Tables 15-16). Cached under --out/token-perturb.
     """
-    cache = out / "td-sign-estimates"
-    kinds = _kinds(McOptions(samples, actions, mc_seed, cache))
+    kinds = _kinds(McOptions(samples, actions, mc_seed, out))
     if kind not in kinds:
         fail(f"unknown diagnostic {kind!r}; available: {', '.join(kinds)}")
     window = _steps(steps)

@@ -34,7 +34,6 @@ from typing import Any
 import pandas as pd
 import torch
 
-from factor_cli.atomic import atomic_target
 from factor_cli.credit import METHODS, CreditConfig, top_quartile_mass
 from factor_cli.credit.allocations import ALLOCATIONS
 from factor_cli.policy.generation.base import Generation
@@ -43,7 +42,7 @@ from factor_cli.rollout.runner import Episode, Job, RolloutRunner, Start, reply_
 from factor_cli.rollout.teacher import teacher_logprobs
 
 from .replay import McPlan, checkpoint_dir, draw_actions, load_checkpoint_policy, run_config
-from .td_sign import Progress, replayable_steps
+from .td_sign import Progress, per_kept_step
 
 CONDITIONS = ("true", "shuffled", "none")
 COLUMNS = ("step", "traj", "turn", "length", "condition", "strength", "wbar", "top_mass",
@@ -269,32 +268,6 @@ def feedback_rows(
 def feedback_estimates(
     actions: pd.DataFrame, runs: pd.DataFrame, plan: McPlan, cache: Path, progress: Progress
 ) -> pd.DataFrame:
-    """:func:`feedback_rows` of every replayable step of ``runs`` with a teacher (one cached
-    CSV per run and step, as td-sign's), with the runs' method, env and seed columns."""
-    frames = []
-    for run in runs.itertuples(index=False):
-        if not METHODS.get(run.method).uses_teacher:
-            raise ValueError(f"run {run.run_id[:12]}: {run.method} has no teacher to probe")
-        if not run.run_dir:
-            raise ValueError(f"run {run.run_id[:12]}: its folder is not on this machine")
-        mine = actions[actions["run_id"] == run.run_id]
-        steps = replayable_steps(Path(run.run_dir), sorted(mine["step"].unique().tolist()))
-        if not steps:
-            raise ValueError(
-                f"run {run.run_id[:12]}: no recorded step's policy was kept (step k needs the "
-                "checkpoint of k - 1); train with checkpoint_keep_every=N"
-            )
-        for k in steps:
-            path = cache / f"{run.run_id}-step{k:06d}-a{plan.actions}-s{plan.seed}.csv"
-            if path.exists():
-                rows = pd.read_csv(path)
-            else:
-                label = f"{run.run_id[:8]} step {k}"
-                rows = feedback_rows(Path(run.run_dir), mine[mine["step"] == k], run.method,
-                                     plan, lambda i, n, lb=label: progress(lb, i, n))  # fmt: skip
-                cache.mkdir(parents=True, exist_ok=True)
-                with atomic_target(path) as tmp:
-                    rows.to_csv(tmp, index=False)
-            frames.append(rows.assign(run_id=run.run_id, method=run.method, env=run.env,
-                                      seed=run.seed))  # fmt: skip
-    return pd.concat(frames, ignore_index=True)
+    """:func:`feedback_rows` of every replayable step of ``runs`` (each must have a teacher),
+    cached per (run, step) (:func:`.td_sign.per_kept_step`)."""
+    return per_kept_step(actions, runs, plan, cache, progress, feedback_rows, teacher=True)

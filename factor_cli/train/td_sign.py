@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -36,25 +37,38 @@ def replayable_steps(run_dir: Path, recorded: list[int]) -> list[int]:
     return [k for k in recorded if k - 1 in kept]
 
 
-def cache_name(run_id: str, step: int, plan: McPlan) -> str:
-    return f"{run_id}-step{step:06d}-n{plan.samples}-a{plan.actions}-s{plan.seed}.csv"
+StepRows = Callable[[Path, pd.DataFrame, str, McPlan, Callable[[int, int], None]], pd.DataFrame]
+"""(run folder, the step's action records, the run's method, plan, on_turn) -> rows."""
 
 
-def td_sign_estimates(
-    actions: pd.DataFrame, runs: pd.DataFrame, plan: McPlan, cache: Path, progress: Progress
+def per_kept_step(
+    actions: pd.DataFrame,
+    runs: pd.DataFrame,
+    plan: McPlan,
+    cache: Path,
+    progress: Progress,
+    compute: StepRows,
+    teacher: bool = False,
 ) -> pd.DataFrame:
-    """The chosen actions of every replayable step of ``runs`` (records of
-    :func:`factor_cli.ledger.records.load_records`) with their ``mc``, ``q``, ``v`` and
-    ``phase``: early for the first half of the run's recorded steps, late for the rest.
+    """``compute``'s rows for every replayable step of ``runs`` (records of
+    :func:`factor_cli.ledger.records.load_records`), each (run, step) cached under ``cache``
+    (written whole, renamed into place: a rerun or a resumed one computes only what is
+    missing), with the runs' method, env and seed and the step's ``phase`` (early for the
+    first half of the run's recorded steps, late for the rest).
 
     Raises:
-        ValueError: a run whose folder is not on this machine, or with no replayable step.
+        ValueError: a run without a teacher (``teacher``), whose folder is not on this machine,
+            or with no replayable step.
     """
+    from factor_cli.credit import METHODS
+
     frames = []
     for run in runs.itertuples(index=False):
-        mine = actions[actions["run_id"] == run.run_id]
+        if teacher and not METHODS.get(run.method).uses_teacher:
+            raise ValueError(f"run {run.run_id[:12]}: {run.method} has no teacher to probe")
         if not run.run_dir:
             raise ValueError(f"run {run.run_id[:12]}: its folder is not on this machine")
+        mine = actions[actions["run_id"] == run.run_id]
         recorded = sorted(mine["step"].unique().tolist())
         steps = replayable_steps(Path(run.run_dir), recorded)
         if not steps:
@@ -64,32 +78,47 @@ def td_sign_estimates(
             )
         middle = (recorded[0] + recorded[-1]) / 2
         for k in steps:
-            est = _step_estimates(Path(run.run_dir), run.run_id, mine[mine["step"] == k], plan,
-                                  cache, progress)  # fmt: skip
-            frames.append(est.assign(phase="early" if k <= middle else "late"))
+            path = cache / cache_name(run.run_id, k, plan)
+            if path.exists():
+                rows = pd.read_csv(path, keep_default_na=False, na_values=[""])
+            else:
+                label = f"{run.run_id[:8]} step {k}"
+                rows = compute(Path(run.run_dir), mine[mine["step"] == k], run.method, plan,
+                               lambda i, n, lb=label: progress(lb, i, n))  # fmt: skip
+                cache.mkdir(parents=True, exist_ok=True)
+                with atomic_target(path) as tmp:
+                    rows.to_csv(tmp, index=False)
+            phase = "early" if k <= middle else "late"
+            frames.append(rows.assign(run_id=run.run_id, method=run.method, env=run.env,
+                                      seed=run.seed, phase=phase))  # fmt: skip
     return pd.concat(frames, ignore_index=True)
 
 
+def cache_name(run_id: str, step: int, plan: McPlan) -> str:
+    """The cache file of one (run, step, plan); ``-rows``: the whole rows, not the estimates
+    alone as caches written before 2026-12-03 held (those are not read)."""
+    return f"{run_id}-step{step:06d}-n{plan.samples}-a{plan.actions}-s{plan.seed}-rows.csv"
+
+
+def td_sign_estimates(
+    actions: pd.DataFrame, runs: pd.DataFrame, plan: McPlan, cache: Path, progress: Progress
+) -> pd.DataFrame:
+    """The chosen actions of every replayable step of ``runs`` with their ``mc``, ``q``,
+    ``v`` and ``phase`` (:func:`per_kept_step`)."""
+    return per_kept_step(actions, runs, plan, cache, progress, _step_estimates)
+
+
 def _step_estimates(
-    run_dir: Path, run_id: str, step_actions: pd.DataFrame, plan: McPlan, cache: Path,
-    progress: Progress,
-) -> pd.DataFrame:  # fmt: skip
-    """The chosen actions of one step with their estimates, from the cache or played now."""
+    run_dir: Path, step_actions: pd.DataFrame, method: str, plan: McPlan, on_turn: Any
+) -> pd.DataFrame:
+    """The chosen actions of one step with their Monte-Carlo estimates, played now."""
     k = int(step_actions["step"].iloc[0])
     chosen = draw_actions(step_actions, plan)
-    path = cache / cache_name(run_id, k, plan)
-    if path.exists():
-        mc = pd.read_csv(path)
-    else:
-        ckpt = checkpoint_dir(run_dir, k - 1)
-        cfg = run_config(ckpt)
-        plan = dataclasses.replace(plan, horizon=cfg.continuations.horizon,
-                                   temperature=cfg.continuations.temperature)  # fmt: skip
-        policy = load_checkpoint_policy(run_dir, ckpt, cfg)
-        label = f"{run_id[:8]} step {k}"
-        mc = mc_advantages(cfg, policy, step_actions, chosen, plan,
-                           on_turn=lambda i, n: progress(label, i, n))  # fmt: skip
-        cache.mkdir(parents=True, exist_ok=True)
-        with atomic_target(path) as tmp:
-            mc.to_csv(tmp, index=False)
-    return chosen.merge(mc, on=["step", "traj", "turn"], how="inner")
+    ckpt = checkpoint_dir(run_dir, k - 1)
+    cfg = run_config(ckpt)
+    plan = dataclasses.replace(plan, horizon=cfg.continuations.horizon,
+                               temperature=cfg.continuations.temperature)  # fmt: skip
+    policy = load_checkpoint_policy(run_dir, ckpt, cfg)
+    mc = mc_advantages(cfg, policy, step_actions, chosen, plan, on_turn=on_turn)
+    cols = [c for c in chosen.columns if c not in ("run_id", "method", "env", "seed")]
+    return chosen[cols].merge(mc, on=["step", "traj", "turn"], how="inner")

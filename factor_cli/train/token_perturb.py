@@ -32,8 +32,6 @@ from typing import Any
 import pandas as pd
 import torch
 
-from factor_cli.atomic import atomic_target
-from factor_cli.credit import METHODS
 from factor_cli.policy.generation.base import stop_token_ids
 from factor_cli.policy.prompting import extract_action
 from factor_cli.rollout.continuations import outcome_of
@@ -41,7 +39,7 @@ from factor_cli.rollout.runner import Job, RolloutRunner, Start
 
 from .feedback_probe import allocation_weights, replay_step
 from .replay import McPlan, ends_episode
-from .td_sign import Progress, replayable_steps
+from .td_sign import Progress, per_kept_step
 
 COLUMNS = ("step", "traj", "turn", "credit", "length", "quartile", "action", "perturbed",
            "valid", "g_base", "g_perturbed", "delta", "samples")  # fmt: skip
@@ -168,33 +166,6 @@ def perturb_rows(
 def perturb_estimates(
     actions: pd.DataFrame, runs: pd.DataFrame, plan: McPlan, cache: Path, progress: Progress
 ) -> pd.DataFrame:
-    """:func:`perturb_rows` of every replayable step of ``runs`` with a teacher, cached per
-    (run, step, samples, actions, seed), with the runs' method, env and seed columns."""
-    frames = []
-    for run in runs.itertuples(index=False):
-        if not METHODS.get(run.method).uses_teacher:
-            raise ValueError(f"run {run.run_id[:12]}: {run.method} has no allocation to probe")
-        if not run.run_dir:
-            raise ValueError(f"run {run.run_id[:12]}: its folder is not on this machine")
-        mine = actions[actions["run_id"] == run.run_id]
-        steps = replayable_steps(Path(run.run_dir), sorted(mine["step"].unique().tolist()))
-        if not steps:
-            raise ValueError(
-                f"run {run.run_id[:12]}: no recorded step's policy was kept (step k needs the "
-                "checkpoint of k - 1); train with checkpoint_keep_every=N"
-            )
-        for k in steps:
-            name = f"{run.run_id}-step{k:06d}-n{plan.samples}-a{plan.actions}-s{plan.seed}.csv"
-            path = cache / name
-            if path.exists():
-                rows = pd.read_csv(path, keep_default_na=False, na_values=[""])
-            else:
-                label = f"{run.run_id[:8]} step {k}"
-                rows = perturb_rows(Path(run.run_dir), mine[mine["step"] == k], run.method, plan,
-                                    lambda i, t, lb=label: progress(lb, i, t))  # fmt: skip
-                cache.mkdir(parents=True, exist_ok=True)
-                with atomic_target(path) as tmp:
-                    rows.to_csv(tmp, index=False)
-            frames.append(rows.assign(run_id=run.run_id, method=run.method, env=run.env,
-                                      seed=run.seed))  # fmt: skip
-    return pd.concat(frames, ignore_index=True)
+    """:func:`perturb_rows` of every replayable step of ``runs`` (each must have a teacher),
+    cached per (run, step) (:func:`.td_sign.per_kept_step`)."""
+    return per_kept_step(actions, runs, plan, cache, progress, perturb_rows, teacher=True)

@@ -102,7 +102,7 @@ def test_td_sign_replays_a_kept_step_and_resumes_from_its_cache(study: dict[str,
     res = diagnose(study, *args)
     assert res.exit_code == 0, res.output
     cache = sorted((Path(study["out"]) / "td-sign-estimates").glob("*.csv"))
-    assert [p.name.split("-", 1)[1] for p in cache] == ["step000002-n2-a3-s5.csv"]
+    assert [p.name.split("-", 1)[1] for p in cache] == ["step000002-n2-a3-s5-rows.csv"]
     est = pd.read_csv(cache[0])
     assert len(est) == 3 and set(est["samples"]) == {2} and (est["failed"] == 0).all()
     assert ((est["q"] >= 0) & (est["q"] <= 1) & (est["v"] >= 0) & (est["v"] <= 1)).all()
