@@ -301,9 +301,10 @@ def study_blocks(folder: Path) -> dict[str, str]:
     for kind in ("coef-deviation", "value", "length-bias", "horizon"):
         table = _diag(folder, kind)
         blocks[kind] = _md(table[["setting", *[c for c in table if c != "setting"]]])
-    if (folder / "diagnostics" / "compare.csv").exists():  # exported since diagnose compare
-        table = _diag(folder, "compare")
-        blocks["compare"] = _md(table[["setting", *[c for c in table if c != "setting"]]])
+    for kind in ("compare", "feedback", "token-perturb"):  # exported since 2026-12-03
+        if (folder / "diagnostics" / f"{kind}.csv").exists():
+            table = _diag(folder, kind).drop(columns="env", errors="ignore")
+            blocks[kind] = _md(table[["setting", *[c for c in table if c != "setting"]]])
     groups = _diag(folder, "groups").groupby(["setting", "method"], as_index=False)[
         ["group_signal", "zero_credit"]].mean()  # fmt: skip
     blocks["groups-summary"] = _md(groups)

@@ -206,10 +206,14 @@ def diagnose_cmd(
     ] = 16,
     actions: Annotated[
         int,
-        typer.Option("--actions", min=1, help="td-sign, feedback: actions drawn per kept step."),
+        typer.Option(
+            "--actions",
+            min=1,
+            help="td-sign, feedback, token-perturb: actions drawn per kept step.",
+        ),
     ] = 32,
     mc_seed: Annotated[
-        int, typer.Option("--mc-seed", help="td-sign, feedback: seed of the draws.")
+        int, typer.Option("--mc-seed", help="td-sign, feedback, token-perturb: seed of the draws.")
     ] = 0,
     tracking_uri: TrackingOpt = None,
     experiment: ExperimentOpt = "factor",
