@@ -57,15 +57,19 @@ def per_kept_step(
     first half of the run's recorded steps, late for the rest).
 
     Raises:
-        ValueError: a run without a teacher (``teacher``), whose folder is not on this machine,
-            or with no replayable step.
+        ValueError: no run with a teacher (``teacher``: the others are left out), a run whose
+            folder is not on this machine, or with no replayable step.
     """
     from factor_cli.credit import METHODS
 
+    if teacher:  # a study mixes methods: probe those with a teacher, fail only if none has
+        has = runs["method"].map(lambda m: METHODS.get(m).uses_teacher)
+        if not has.any():
+            methods = ", ".join(sorted(set(runs["method"])))
+            raise ValueError(f"no run has a teacher to probe (methods: {methods})")
+        runs = runs[has]
     frames = []
     for run in runs.itertuples(index=False):
-        if teacher and not METHODS.get(run.method).uses_teacher:
-            raise ValueError(f"run {run.run_id[:12]}: {run.method} has no teacher to probe")
         if not run.run_dir:
             raise ValueError(f"run {run.run_id[:12]}: its folder is not on this machine")
         mine = actions[actions["run_id"] == run.run_id]
