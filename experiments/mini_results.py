@@ -58,7 +58,13 @@ def _setting(cfg: Any) -> str:
     return setting_of(rooms.group(1) if rooms else "?", cfg.env.max_turns, game)
 
 
-def export(study: str, out: Path, samples: int, actions: int) -> None:
+REPLAY_PLANS = {"feedback": (1, 16), "token-perturb": (4, 8)}
+"""(samples, actions) of the replaying diagnostics ``export --replays`` adds (seed 0): cheaper
+than td-sign's plan, as each drawn action costs a replay of its trajectory (and token-perturb
+3N episodes)."""
+
+
+def export(study: str, out: Path, samples: int, actions: int, replays: Path | None = None) -> None:
     """Everything ``render`` needs from the ledger and the run folders (cwd: the study's
     project root), written under ``out``."""
     from factor_cli.studies.matrix import expand
@@ -82,7 +88,7 @@ def export(study: str, out: Path, samples: int, actions: int) -> None:
             "interactions", "git_commit"]  # fmt: skip
     runs[keep].sort_values(keep[:3]).to_csv(out / "runs.csv", index=False)
     _export_curves(runs, out)
-    _export_diagnostics(runs, out / "diagnostics", samples, actions)
+    _export_diagnostics(runs, out / "diagnostics", samples, actions, replays)
 
 
 def _run_dirs(runs: pd.DataFrame) -> dict[str, Path]:
@@ -113,7 +119,9 @@ def _export_curves(runs: pd.DataFrame, out: Path) -> None:
     pd.DataFrame(steps).sort_values(keys).to_csv(out / "steps.csv", index=False)
 
 
-def _export_diagnostics(runs: pd.DataFrame, out: Path, samples: int, actions: int) -> None:
+def _export_diagnostics(
+    runs: pd.DataFrame, out: Path, samples: int, actions: int, replays: Path | None
+) -> None:
     from rich.progress import Progress
 
     from factor_cli.ledger.records import load_records
@@ -153,9 +161,38 @@ def _export_diagnostics(runs: pd.DataFrame, out: Path, samples: int, actions: in
         keep = ["method", "seed", "run_id", "step", "phase", "traj", "turn", "credit", "a_seq",
                 "q", "v", "mc", "samples", "failed"]  # fmt: skip
         estimates.append(est[keep].assign(setting=setting))
+        if replays is not None:
+            for name, table in _replay_tables(recs, replays, progress_bar=Progress).items():
+                tables.setdefault(name, []).append(table.assign(setting=setting))
     for name, parts in tables.items():
         pd.concat(parts, ignore_index=True).to_csv(out / f"{name}.csv", index=False)
     pd.concat(estimates, ignore_index=True).to_csv(out / "td-sign-estimates.csv", index=False)
+
+
+def _replay_tables(recs: Any, cache: Path, progress_bar: Any) -> dict[str, pd.DataFrame]:
+    """feedback and token-perturb on the runs with a teacher (:data:`REPLAY_PLANS`), their
+    estimates cached under ``cache/<kind>`` (where ``factor diagnose`` with the same plan
+    leaves them)."""
+    from factor_cli.stats import diagnose as d
+    from factor_cli.train.feedback_probe import feedback_estimates
+    from factor_cli.train.replay import McPlan
+    from factor_cli.train.token_perturb import perturb_estimates
+
+    kinds = {"feedback": (feedback_estimates, d.feedback_concentration),
+             "token-perturb": (perturb_estimates, d.token_perturb)}  # fmt: skip
+    tables = {}
+    for name, (estimate, table) in kinds.items():
+        samples, actions = REPLAY_PLANS[name]
+        with progress_bar() as bar:
+            task = bar.add_task(name, total=None)
+
+            def progress(label: str, i: int, n: int, task: Any = task) -> None:
+                bar.update(task, description=label, completed=i, total=n)
+
+            rows = estimate(recs.actions, recs.runs, McPlan(samples, actions, BOOT_SEED),
+                            cache / name, progress)  # fmt: skip
+        tables[name] = table(rows).drop(columns="env", errors="ignore")
+    return tables
 
 
 # ------------------------------------------------------------------------------------- render
@@ -351,13 +388,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     ex.add_argument("--out", type=Path, default=None)
     ex.add_argument("--samples", type=int, default=16, help="td-sign continuations per side")
     ex.add_argument("--actions", type=int, default=32, help="td-sign actions per replayed step")
+    ex.add_argument("--replays", type=Path, default=None, metavar="CACHE",
+                    help="also feedback and token-perturb, cached under CACHE/<kind>")  # fmt: skip
     re_ = sub.add_parser("render", help="docs/results/ -> docs/RESULTS.md")
     re_.add_argument("--results", type=Path, default=RESULTS)
     re_.add_argument("--out", type=Path, default=ROOT / "docs" / "RESULTS.md")
     re_.add_argument("--template", type=Path, default=TEMPLATE)
     args = parser.parse_args(argv)
     if args.command == "export":
-        export(args.study, args.out or RESULTS / args.study, args.samples, args.actions)
+        out = args.out or RESULTS / args.study
+        export(args.study, out, args.samples, args.actions, args.replays)
     else:
         args.out.write_text(render(args.results, args.template))
         print(f"wrote {args.out}")
