@@ -154,7 +154,6 @@ def feedback_plot(table: pd.DataFrame, out: Path) -> Path:
 def token_perturb_plot(table: pd.DataFrame, out: Path) -> Path:
     """Mean return change from perturbing the top vs the bottom quartile of rho, per method and
     credit sign."""
-    labelled = table.assign(method=table["method"] + " " + table["sign"])
-    return _bars(labelled, "sign", ["delta_top", "delta_bottom"],
+    return _bars(table, "sign", ["delta_top", "delta_bottom"],
                  "Return change from perturbing allocation quartiles (paper Fig. 5C)",
                  "mean Delta G", out)  # fmt: skip
