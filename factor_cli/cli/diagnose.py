@@ -146,7 +146,14 @@ def _kinds(mc: McOptions) -> dict[str, Kind]:
             lambda r, t, out: p.value_plot(t["reliability"], out),
         ),
         "length-bias": _single("length-bias", d.length_bias, p.length_bias_plot),
-        "horizon": _single("horizon", d.horizon, p.horizon_plot),
+        "horizon": Kind(
+            KIND_SUMMARIES["horizon"],
+            lambda r: {
+                "horizon": (h := d.horizon(r.actions)),
+                "method differences": d.horizon_differences(h),
+            },
+            lambda r, t, out: p.horizon_plot(t["horizon"], out),
+        ),
         "compare": _compare(),
         **_replaying_kinds(mc),
     }
@@ -157,7 +164,7 @@ KIND_SUMMARIES = {
     "groups": "per step, groups with any non-zero A^seq and zero-credit actions",
     "value": "value head against continuation returns: MSE, r, reliability (Table 17)",
     "length-bias": "surrogate weight by action length, token- vs action-mean (Table 24)",
-    "horizon": "success by trajectory length (Table 26)",
+    "horizon": "success, and each method difference, by trajectory length (Table 26)",
     "td-sign": "sign of the credit against independent Monte-Carlo advantages (Fig. 5B)",
     "compare": "every estimator's credit on the same recorded actions: sign agreement, rank r",
     "feedback": "allocation concentration with true, shuffled and no feedback (Table 27)",
@@ -230,7 +237,8 @@ def diagnose_cmd(
       actions, per step.
     - **value**: V_target(x_t) against the mean continuation return from x_t (Table 17).
     - **length-bias**: mean surrogate weight by action length under both reductions (Table 24).
-    - **horizon**: training success by trajectory length (Table 26).
+    - **horizon**: training success by trajectory length, and the difference of each pair of
+      methods per bucket (Table 26).
     - **td-sign**: for up to --actions actions of each step whose policy was kept (train with
       checkpoint_keep_every=N; step k replays checkpoint k - 1), --samples continuations from
       x_t and from x_{t+1} give an independent Monte-Carlo advantage; the table is the share

@@ -167,6 +167,21 @@ def horizon(actions: pd.DataFrame, edges: tuple[int, ...] = HORIZON_EDGES) -> pd
     )
 
 
+def horizon_differences(table: pd.DataFrame) -> pd.DataFrame:
+    """From :func:`horizon`'s table: per env, bucket and pair of methods (a, b), a after b in
+    name order, the success difference a - b (the paper's Table 26 reads FACTOR's gain by
+    horizon off such a table); empty with a single method."""
+    envs = [c for c in ("env",) if c in table.columns]
+    rows = []
+    for key, part in table.groupby([*envs, "bucket"], observed=True, sort=True):
+        head = list(key) if isinstance(key, tuple) else [key]
+        rate = part.set_index("method")["success"].sort_index()
+        for i, a in enumerate(rate.index):
+            for b in rate.index[:i]:
+                rows.append([*head, f"{a} - {b}", float(rate[a] - rate[b])])
+    return pd.DataFrame(rows, columns=[*envs, "bucket", "pair", "difference"])
+
+
 SIGN_RESAMPLES = 2000
 
 

@@ -125,6 +125,10 @@ def test_horizon_buckets_trajectories_once() -> None:
     assert table.loc["1-3", "trajectories"] == 2
     assert table.loc["1-3", "success"] == 0.5
     assert table.loc[">=10", "success"] == 0.0
+    other = acts.assign(method="a", run_id="r2", success=1)
+    diff = d.horizon_differences(d.horizon(pd.concat([acts, other])))
+    assert diff.set_index("bucket")["difference"].to_dict() == {"1-3": -0.5, ">=10": -1.0}
+    assert set(diff["pair"]) == {"m - a"}
 
 
 def test_td_sign_agreement_exact() -> None:
