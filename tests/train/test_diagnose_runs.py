@@ -127,7 +127,8 @@ def test_compare_replays_each_run_to_its_own_credit(study: dict[str, str]) -> No
     replayed = replay_credit(records.actions).set_index("method")
     for method, own in (("factor", "td"), ("serl-repro", "broadcast")):
         part = replayed.loc[method]
-        assert len(part) > 4 and (part[own] - part["credit"]).abs().max() < 1e-9, method
+        # Training computed the credit in float32, the replay in float64.
+        assert len(part) > 4 and (part[own] - part["credit"]).abs().max() < 1e-6, method
     assert replayed.loc["serl-repro", "td"].isna().all()  # no value head: no TD credit
     res = diagnose(study, "compare", study["factor"])
     table = pd.read_csv(Path(study["out"]) / "compare.csv")
