@@ -105,28 +105,23 @@ def _along(trie: Any, reply: list[int]) -> list[list[int]] | None:
 
 
 def replay_trajectories(
-    cfg: Any, policy: Any, plays: list[tuple[str, int, list[str]]], on_turn: Any = None
+    cfg: Any, backend: Any, plays: list[tuple[str, int, list[str]]], on_turn: Any = None
 ) -> list[Episode | None]:
-    """Each (instance, group, actions) played again by its script under ``policy``; None
-    where the replay did not retrace the recorded actions."""
+    """Each (instance, group, actions) played again by its script, scored by ``backend``
+    (the checkpoint policy's); None where the replay did not retrace the recorded actions."""
     from factor_cli.envs.pool import EnvPool
 
-    from .generation import make_backend
     from .prompts import prompt_format
 
     script = {reply_seed(SCRIPT_SEED, e, t): a
               for e, (_, _, acts) in enumerate(plays) for t, a in enumerate(acts)}  # fmt: skip
     jobs = [Job(Start(inst, group, [], None, len(acts)), e, SCRIPT_SEED, cfg.rollout.temperature)
             for e, (inst, group, acts) in enumerate(plays)]  # fmt: skip
-    inner = make_backend(cfg.rollout, policy)
-    try:
-        with EnvPool(cfg.env.name, min(len(jobs), 64), **cfg.env.options) as pool:
-            runner = RolloutRunner(pool, ScriptedBackend(inner, script), prompt_format(cfg),
-                                   max(len(a) for _, _, a in plays),
-                                   constrain=cfg.rollout.valid_action_decoding)  # fmt: skip
-            episodes, _ = runner.play(jobs, on_turn=on_turn)
-    finally:
-        inner.close()
+    with EnvPool(cfg.env.name, min(len(jobs), 64), **cfg.env.options) as pool:
+        runner = RolloutRunner(pool, ScriptedBackend(backend, script), prompt_format(cfg),
+                               max(len(a) for _, _, a in plays),
+                               constrain=cfg.rollout.valid_action_decoding)  # fmt: skip
+        episodes, _ = runner.play(jobs, on_turn=on_turn)
     return [ep if ep.actions == acts else None for ep, (_, _, acts) in zip(episodes, plays)]
 
 
@@ -159,6 +154,9 @@ class ReplayedStep:
 
     cfg: Any
     policy: Any
+    backend: Any
+    """The policy's generation backend: it replayed the step, and its prefix cache still
+    holds the replay's prompts for the teacher and any continuations; :meth:`close` it."""
     episodes: list[Episode]
     rows: pd.DataFrame
     """The action records of the replayed trajectories, in packing order (traj, turn)."""
@@ -169,12 +167,17 @@ class ReplayedStep:
     drawn: set[tuple[int, int]] = dataclasses.field(default_factory=set)
     """(traj, turn) of the drawn actions whose trajectories were replayed."""
 
+    def close(self) -> None:
+        self.backend.close()
+
 
 def replay_step(
     run_dir: Path, step_actions: pd.DataFrame, plan: McPlan, on_turn: Any = None
 ) -> ReplayedStep:
     """The trajectories of the actions :func:`.replay.draw_actions` draws from one step,
     replayed by script under the policy of checkpoint k - 1."""
+    from .generation import make_backend
+
     k = int(step_actions["step"].iloc[0])
     chosen = draw_actions(step_actions, plan)
     trajs = sorted(chosen["traj"].unique().tolist())
@@ -184,13 +187,19 @@ def replay_step(
     ckpt = checkpoint_dir(run_dir, k - 1)
     cfg = run_config(ckpt)
     policy = load_checkpoint_policy(run_dir, ckpt, cfg)
-    replayed = replay_trajectories(cfg, policy, plays, on_turn)
+    backend = make_backend(cfg.rollout, policy)
+    try:
+        replayed = replay_trajectories(cfg, backend, plays, on_turn)
+    except BaseException:
+        backend.close()
+        raise
     kept = [(t, ep) for t, ep in zip(trajs, replayed) if ep is not None]
     if not kept:
+        backend.close()
         raise ValueError(f"step {k}: no trajectory's replay retraced its record")
     recorded = float(step_actions["strength"].iloc[0]) if "strength" in step_actions else 0.0
     return ReplayedStep(
-        cfg, policy, [ep for _, ep in kept],
+        cfg, policy, backend, [ep for _, ep in kept],
         rows[rows["traj"].isin([t for t, _ in kept])].reset_index(drop=True),
         recorded if recorded > 0 else CreditConfig().eta_0, len(trajs) - len(kept),
         {(int(t), int(u)) for t, u in zip(chosen["traj"], chosen["turn"])},
@@ -203,27 +212,20 @@ def allocation_weights(
     """Per feedback condition: the packed batch of the replayed episodes (with that
     condition's teacher log-probs) and the method's allocation omega [N_tok] on it, under the
     recorded credit and the step's strength."""
-    from .generation import make_backend
     from .prompts import prompt_format
 
-    scorer = make_backend(step.cfg.rollout, step.policy)
+    scorer = step.backend
     alloc = ALLOCATIONS.get(METHODS.get(method).allocation)
     credit = torch.tensor(step.rows["credit"].to_numpy(), dtype=torch.float64)
     out = {}
-    try:
-        for condition in conditions:
-            eps = with_feedback(step.episodes, condition, seed)
-            teacher = teacher_logprobs(scorer.score, step.policy.tokenizer,
-                                       prompt_format(step.cfg), eps, scorer.encode,
-                                       step.cfg.rollout.temperature)  # fmt: skip
-            rb = pack_episodes(eps, "raw", logp_teacher=teacher, dtype=torch.float64)
-            idx = rb.batch.action_index.long()
-            out[condition] = (
-                rb, alloc(rb.batch.gap, idx, credit, step.strength, CreditConfig(), None,
-                          check=False),
-            )  # fmt: skip
-    finally:
-        scorer.close()
+    for condition in conditions:
+        eps = with_feedback(step.episodes, condition, seed)
+        teacher = teacher_logprobs(scorer.score, step.policy.tokenizer, prompt_format(step.cfg),
+                                   eps, scorer.encode, step.cfg.rollout.temperature)  # fmt: skip
+        rb = pack_episodes(eps, "raw", logp_teacher=teacher, dtype=torch.float64)
+        idx = rb.batch.action_index.long()
+        weight = alloc(rb.batch.gap, idx, credit, step.strength, CreditConfig(), None, check=False)
+        out[condition] = (rb, weight)
     return out
 
 
@@ -254,8 +256,12 @@ def feedback_rows(
     """One step's drawn trajectories replayed and scored under every condition (:data:`COLUMNS`
     rows, one per action and condition; ``dropped`` in ``attrs``)."""
     step = replay_step(run_dir, step_actions, plan, on_turn)
+    try:
+        weights = allocation_weights(step, method, CONDITIONS, plan.seed)
+    finally:
+        step.close()
     frames = []
-    for condition, (rb, weight) in allocation_weights(step, method, CONDITIONS, plan.seed).items():
+    for condition, (rb, weight) in weights.items():
         frames.append(concentration(rb, weight).assign(
             step=int(step_actions["step"].iloc[0]), traj=step.rows["traj"].to_numpy(),
             turn=step.rows["turn"].to_numpy(), condition=condition, strength=step.strength,

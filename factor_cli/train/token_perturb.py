@@ -85,7 +85,8 @@ def _perturbed_actions(step: Any, method: str, plan: McPlan) -> list[dict[str, A
         if len(action_pos) < 2:
             continue
         rho = weight[idx == a]
-        turn = step.episodes[_episode_of(step, row.traj)].turns[int(row.turn)]
+        episode, t = rb.turn_of_action[a]
+        turn = step.episodes[episode].turns[t]
         for quartile in QUARTILES:
             where = [action_pos[j] for j in quartile_positions(rho, quartile)]
             reply = perturb(rb.replies[a], where, len(tok), stops, rng)
@@ -96,21 +97,25 @@ def _perturbed_actions(step: Any, method: str, plan: McPlan) -> list[dict[str, A
     return out
 
 
-def _episode_of(step: Any, traj: int) -> int:
-    return sorted(step.rows["traj"].unique().tolist()).index(traj)
-
-
 def perturb_rows(
     run_dir: Path, step_actions: pd.DataFrame, method: str, plan: McPlan, on_turn: Any = None
 ) -> pd.DataFrame:
     """One step's perturbations played out (:data:`COLUMNS`, one row per action and
     quartile)."""
+    step = replay_step(run_dir, step_actions, plan, on_turn)
+    try:
+        return _play_out(step, int(step_actions["step"].iloc[0]), method, plan, on_turn)
+    finally:
+        step.close()
+
+
+def _play_out(step: Any, k: int, method: str, plan: McPlan, on_turn: Any) -> pd.DataFrame:
+    """Each drawn action's perturbations and the recorded action played out with the replay's
+    backend, as :func:`perturb_rows` says."""
     from factor_cli.envs.pool import EnvPool
 
-    from .generation import make_backend
     from .prompts import prompt_format
 
-    step = replay_step(run_dir, step_actions, plan, on_turn)
     cfg = step.cfg
     horizon, temp = cfg.continuations.horizon, cfg.continuations.temperature
     max_turns = int(cfg.env.max_turns or 0) or 10**9
@@ -137,14 +142,10 @@ def perturb_rows(
                           [*plays[traj][:turn], last], None, horizon)  # fmt: skip
             slot[(traj, turn, side)] = len(jobs)
             jobs += [Job(start, len(jobs) + s, plan.seed, temp, scored=False) for s in range(n)]
-    gen = make_backend(cfg.rollout, step.policy)
-    try:
-        with EnvPool(cfg.env.name, min(max(len(jobs), 1), 64), **cfg.env.options) as pool:
-            runner = RolloutRunner(pool, gen, prompt_format(cfg), horizon,
-                                   constrain=cfg.rollout.valid_action_decoding)  # fmt: skip
-            episodes, _ = runner.play(jobs, on_turn=on_turn) if jobs else ([], [])
-    finally:
-        gen.close()
+    with EnvPool(cfg.env.name, min(max(len(jobs), 1), 64), **cfg.env.options) as pool:
+        runner = RolloutRunner(pool, step.backend, prompt_format(cfg), horizon,
+                               constrain=cfg.rollout.valid_action_decoding)  # fmt: skip
+        episodes, _ = runner.play(jobs, on_turn=on_turn) if jobs else ([], [])
     side_of: dict[tuple[int, int], int] = {}
     rows = []
     for case in cases:
@@ -158,7 +159,7 @@ def perturb_rows(
             lo = slot[(*key, 0)]
             g_base = sum(map(outcome_of, episodes[lo : lo + n])) / n
         g_pert = sum(map(outcome_of, pert)) / n
-        rows.append({"step": int(step_actions["step"].iloc[0]), **case, "g_base": g_base,
+        rows.append({"step": k, **case, "g_base": g_base,
                      "g_perturbed": g_pert, "delta": g_pert - g_base, "samples": n})  # fmt: skip
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
