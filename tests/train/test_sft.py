@@ -151,7 +151,9 @@ def two_warm_starts(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, Path, Path]:
     """The same warm start built by two fresh processes (different thread counts and hash
-    seeds), each from its own copy of the base model; returns (tmp, dir a, dir b)."""
+    seeds), each from its own copy of the base model; returns (tmp, dir a, dir b). Byte
+    identity is the promise on one machine (both processes use its kernels); across CPUs the
+    warm start differs in the last bits (docs/development.md, "Pinned numbers")."""
     tmp = tmp_path_factory.mktemp("sft")
     dirs = []
     for name, threads in (("a", "1"), ("b", "2")):
