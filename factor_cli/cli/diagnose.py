@@ -54,14 +54,15 @@ def _replaying(
     mc: McOptions,
     name: str,
     estimates: str,
-    table: Callable[[Any], Any],
+    table: Callable[[Any, Any], dict[str, Any]],
     plot: Callable[[dict[str, Any], Path], Path],
     folder: str,
     samples: int | None = None,
 ) -> Kind:
     """A kind that replays kept checkpoints: ``estimates`` (``module:function`` of
     :mod:`factor_cli.train`, imported when run) under a progress bar, its rows cached in
-    ``--out/folder``, then ``table`` of the rows (kept as ``_rows`` for the plot)."""
+    ``--out/folder``, then the tables ``table(rows, records)`` (the rows kept as ``_rows`` for
+    the plot)."""
 
     def tables(r: Any) -> dict[str, Any]:
         import importlib
@@ -80,7 +81,7 @@ def _replaying(
                 bar.update(task, description=label, completed=done, total=total)
 
             rows = estimate(r.actions, r.runs, plan, mc.out / folder, progress)
-        return {name: table(rows), "_rows": rows}
+        return {**table(rows, r), "_rows": rows}
 
     return Kind(KIND_SUMMARIES[name], tables, lambda r, t, out: plot(t, out))
 
@@ -89,18 +90,30 @@ def _replaying_kinds(mc: McOptions) -> dict[str, Kind]:
     from factor_cli.stats import diagnose as d
     from factor_cli.stats import diagnose_plots as p
 
+    td = "td_sign:td_sign_estimates"  # one replay (and cache) serves td-sign and value
     return {
         "td-sign": _replaying(
-            mc, "td-sign", "td_sign:td_sign_estimates",
-            lambda rows: d.td_sign(rows, seed=mc.seed),
+            mc, "td-sign", td, lambda rows, r: {"td-sign": d.td_sign(rows, seed=mc.seed)},
             lambda t, out: p.td_sign_plot(t["_rows"], out), "td-sign-estimates",
         ),
+        "value": _replaying(
+            mc, "value", "td_sign:value_estimates",
+            lambda rows, r: {
+                "value": d.value_against_mc(rows, r.actions, seed=mc.seed),
+                "reliability": d.value_reliability(rows),
+                "against its training targets": d.value_calibration(r.actions,
+                                                                    r.continuations)[0],
+            },
+            lambda t, out: p.value_plot(t["reliability"], out), "td-sign-estimates",
+        ),
         "feedback": _replaying(
-            mc, "feedback", "feedback_probe:feedback_estimates", d.feedback_concentration,
+            mc, "feedback", "feedback_probe:feedback_estimates",
+            lambda rows, r: {"feedback": d.feedback_concentration(rows)},
             lambda t, out: p.feedback_plot(t["feedback"], out), "feedback", samples=1,
         ),
         "token-perturb": _replaying(
-            mc, "token-perturb", "token_perturb:perturb_estimates", d.token_perturb,
+            mc, "token-perturb", "token_perturb:perturb_estimates",
+            lambda rows, r: {"token-perturb": d.token_perturb(rows)},
             lambda t, out: p.token_perturb_plot(t["token-perturb"], out), "token-perturb",
         ),
     }  # fmt: skip
@@ -126,10 +139,6 @@ def _kinds(mc: McOptions) -> dict[str, Kind]:
     from factor_cli.stats import diagnose as d
     from factor_cli.stats import diagnose_plots as p
 
-    def value_tables(r: Any) -> dict[str, Any]:
-        summary, curve = d.value_calibration(r.actions, r.continuations)
-        return {"value": summary, "reliability": curve}
-
     return {
         "coef-deviation": Kind(
             KIND_SUMMARIES["coef-deviation"],
@@ -140,11 +149,6 @@ def _kinds(mc: McOptions) -> dict[str, Kind]:
             lambda r, t, out: p.coef_deviation_plot(d.credited(d.active_steps(r.actions)), out),
         ),
         "groups": _single("groups", d.group_signal, p.group_signal_plot),
-        "value": Kind(
-            KIND_SUMMARIES["value"],
-            value_tables,
-            lambda r, t, out: p.value_plot(t["reliability"], out),
-        ),
         "length-bias": _single("length-bias", d.length_bias, p.length_bias_plot),
         "horizon": Kind(
             KIND_SUMMARIES["horizon"],
@@ -162,7 +166,7 @@ def _kinds(mc: McOptions) -> dict[str, Kind]:
 KIND_SUMMARIES = {
     "coef-deviation": "|mean multiplier - 1| per action: median, share over 10% (Fig. 5A)",
     "groups": "per step, groups with any non-zero A^seq and zero-credit actions",
-    "value": "value head against continuation returns: MSE, r, reliability (Table 17)",
+    "value": "V_target against an independent N-continuation return, with ceiling (Table 17)",
     "length-bias": "surrogate weight by action length, token- vs action-mean (Table 24)",
     "horizon": "success, and each method difference, by trajectory length (Table 26)",
     "td-sign": "sign of the credit against independent Monte-Carlo advantages (Fig. 5B)",
@@ -209,18 +213,22 @@ def diagnose_cmd(
     ),
     samples: Annotated[
         int,
-        typer.Option("--samples", min=1, help="td-sign, token-perturb: continuations per side."),
+        typer.Option(
+            "--samples",
+            min=1,
+            help="td-sign, value, token-perturb: continuations per side (value: >= 2).",
+        ),
     ] = 16,
     actions: Annotated[
         int,
         typer.Option(
             "--actions",
             min=1,
-            help="td-sign, feedback, token-perturb: actions drawn per kept step.",
+            help="td-sign, value, feedback, token-perturb: actions drawn per kept step.",
         ),
     ] = 32,
     mc_seed: Annotated[
-        int, typer.Option("--mc-seed", help="td-sign, feedback, token-perturb: seed of the draws.")
+        int, typer.Option("--mc-seed", help="replaying kinds: seed of the draws.")
     ] = 0,
     tracking_uri: TrackingOpt = None,
     experiment: ExperimentOpt = "factor",
@@ -235,15 +243,20 @@ def diagnose_cmd(
       Fig. 5A, Table 18): FACTOR's is 0 to float precision, SERL's is not.
     - **groups**: the share of groups whose outcome gives any signal, and of zero-credit
       actions, per step.
-    - **value**: V_target(x_t) against the mean continuation return from x_t (Table 17).
+    - **value**: V_target(x_t) of the states the td-sign replay draws, against an independent
+      Monte-Carlo return from x_t (the mean of --samples continuations, never trained on):
+      MSE, MAE, bias, Pearson r and sign accuracy of V - b (b the group baseline), early and
+      late, with bootstrap CIs over trajectories and the reference's noise ceiling (Table 17).
+      It shares td-sign's replay and cache; also prints V against its own training targets.
     - **length-bias**: mean surrogate weight by action length under both reductions (Table 24).
     - **horizon**: training success by trajectory length, and the difference of each pair of
       methods per bucket (Table 26).
     - **td-sign**: for up to --actions actions of each step whose policy was kept (train with
       checkpoint_keep_every=N; step k replays checkpoint k - 1), --samples continuations from
       x_t and from x_{t+1} give an independent Monte-Carlo advantage; the table is the share
-      whose sign the credit matches, early and late in the run (Fig. 5B, Table 19). Estimates
-      are cached under --out, so an interrupted run resumes.
+      whose sign the credit matches, early and late in the run (Fig. 5B, Table 19), beside
+      the best agreement a perfect credit could reach against that noisy reference (ceiling).
+      Estimates are cached under --out, so an interrupted run resumes.
     - **compare**: each run's recorded actions replayed through the estimators of GRPO and
       SERL-Repro (broadcast A^seq), GiGPO, HGPO, FACTOR (TD) and GAE(0.95): pairwise sign
       agreement and Spearman correlation of their credit, per method of the runs. Anchor

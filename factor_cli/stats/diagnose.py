@@ -9,8 +9,10 @@ run columns ``run_id``, ``method``, ``env``, ``seed``) and returns a table, one 
   steps.
 - :func:`group_signal`: per step, the share of groups with any non-zero A^seq and of actions with
   zero credit.
-- :func:`value_calibration`: V_target(x_t) against the mean Monte-Carlo return of the
-  continuations from x_t (Table 17): MSE, Pearson correlation, and a reliability curve.
+- :func:`value_against_mc`: V_target(x_t) against an independent N-continuation return
+  (Table 17): MSE, MAE, bias, Pearson r and sign accuracy with bootstrap intervals and the
+  reference's noise ceiling; :func:`value_reliability` its reliability curve.
+- :func:`value_calibration`: V_target(x_t) against the continuations it was trained on.
 - :func:`length_bias`: mean pre-clipping surrogate weight per token-count bucket under token-mean
   (L_t w-bar_t / L-bar) and action-mean (w-bar_t) (Table 24).
 - :func:`horizon`: success by trajectory-length bucket (Table 26).
@@ -192,14 +194,18 @@ def td_sign(estimates: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     same, so neither sign is supported; a phase of ties alone has no share), and the share
     with sgn(A_t) = sgn(mc), with a 95%
     percentile interval from a bootstrap over trajectories (actions of one trajectory share
-    its outcome, so they are resampled together).
+    its outcome, so they are resampled together), and the ``ceiling``: the agreement a
+    perfect credit would reach against the N-sample reference
+    (:func:`~.calibration.td_sign_ceiling`).
 
     ``estimates``: one row per action with ``credit``, ``mc``, ``phase``, ``method``, ``run_id``,
     ``step`` and ``traj``; actions with |A_t| < 1e-6 are left out, as in the paper.
     """
     frame = credited(estimates)
     group = by(frame)
-    cols = [*group, "phase", "actions", "ties", "agreement", "ci_low", "ci_high"]
+    from .calibration import td_sign_ceiling
+
+    cols = [*group, "phase", "actions", "ties", "agreement", "ci_low", "ci_high", "ceiling"]
     rows = []
     rng = np.random.default_rng(seed)
     for key, by_method in frame.groupby(group, sort=True):
@@ -210,12 +216,14 @@ def td_sign(estimates: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
             part = part[part["mc"] != 0]
             if part.empty:  # nothing compared: say how many ties there were
                 if ties:
-                    rows.append([*head, phase, 0, ties, np.nan, np.nan, np.nan])
+                    rows.append([*head, phase, 0, ties, np.nan, np.nan, np.nan, np.nan])
                 continue
             agree = (np.sign(part["credit"]) == np.sign(part["mc"])).to_numpy(dtype=float)
             cluster = part.groupby(["run_id", "step", "traj"], sort=False).ngroup().to_numpy()
             low, high = _cluster_interval(agree, cluster, rng)
-            rows.append([*head, phase, len(part), ties, float(agree.mean()), low, high])
+            has = {"q", "v", "samples"} <= set(part.columns)
+            best = td_sign_ceiling(part["q"], part["v"], part["samples"]) if has else np.nan
+            rows.append([*head, phase, len(part), ties, float(agree.mean()), low, high, best])
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -313,3 +321,83 @@ def token_perturb(rows: pd.DataFrame) -> pd.DataFrame:
     )  # fmt: skip
     invalid = (~a["valid"].astype(bool)).groupby([a[k] for k in keys]).mean().rename("invalid")
     return table.merge(invalid.reset_index(), on=keys)
+
+
+VALUE_METRICS = ("mse", "mae", "bias", "pearson", "sign_accuracy")
+CALIBRATION_RESAMPLES = 1000
+
+
+def _returns_matrix(column: pd.Series) -> np.ndarray:
+    """The ";"-joined continuation returns of each row as [rows, N] (N equal across rows)."""
+    parts = [[float(x) for x in str(s).split(";")] for s in column]
+    if len({len(p) for p in parts}) != 1:
+        raise ValueError("the states were replayed with different --samples; use one")
+    return np.array(parts)
+
+
+def group_baselines(actions: pd.DataFrame) -> pd.DataFrame:
+    """b per (run, step, group): the mean outcome G_i of the group's root trajectories (the
+    baseline V~(x_0) that the boundary conventions fix the first state's value to)."""
+    traj = actions.drop_duplicates(["run_id", "step", "traj"])
+    b = traj.groupby(["run_id", "step", "group"])["outcome"].mean().rename("baseline")
+    return b.reset_index()
+
+
+def value_against_mc(estimates: pd.DataFrame, actions: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """Table 17: V_target(x_t) (the action record's ``value``) against an independent Monte-Carlo
+    return V^MC(x_t) (``v``: the mean of N continuations from x_t, never used for training), per
+    method, env, phase (early, late, all) and metric (MSE, MAE, bias = mean(V - V^MC), Pearson r,
+    and sign accuracy of V - b against V^MC - b with b the group baseline, ties V^MC = b left
+    out), each with a 95% interval from a bootstrap over trajectories, and beside it the
+    reference's noise ceiling (:mod:`.calibration`): ``reliability`` rho_N and, for r and sign
+    accuracy, the best any estimator can reach against an N-sample reference.
+
+    ``estimates``: the td-sign replay's rows (``value``, ``v``, ``v_returns``, ``group``,
+    ``phase``, run columns); ``actions``: the runs' action records (for the baselines).
+    """
+    from .calibration import value_ceiling, value_metrics
+
+    if "v_returns" not in estimates.columns:
+        raise ValueError(
+            "the cached Monte-Carlo estimates predate per-continuation returns (needed for the "
+            "noise ceiling); delete the td-sign-estimates folder under --out, or use another --out"
+        )
+    frame = estimates.dropna(subset=["value"]).merge(
+        group_baselines(actions), on=["run_id", "step", "group"]
+    )
+    if frame.empty:
+        raise ValueError("no replayed state has a recorded value (a method with a value head)")
+    rng = np.random.default_rng(seed)
+    rows = []
+    for key, part in frame.groupby(by(frame), sort=True):
+        head = list(key) if isinstance(key, tuple) else [key]
+        for phase in ("early", "late", "all"):
+            p = part if phase == "all" else part[part["phase"] == phase]
+            if p.empty:
+                continue
+            pred, ref, base = (p[c].to_numpy(dtype=float) for c in ("value", "v", "baseline"))
+            cluster = p.groupby(["run_id", "step", "traj"], sort=False).ngroup().to_numpy()
+            got = value_metrics(pred, ref, base, cluster, rng, CALIBRATION_RESAMPLES)
+            ceiling = value_ceiling(_returns_matrix(p["v_returns"]), base, rng)
+            best = {"pearson": ceiling.pearson, "sign_accuracy": ceiling.sign_accuracy}
+            for name in VALUE_METRICS:
+                iv = got[name]
+                rows.append([*head, phase, name, len(p), iv.point, iv.low, iv.high,
+                             best.get(name, np.nan), ceiling.reliability])  # fmt: skip
+    cols = [*by(frame), "phase", "metric", "states", "value", "ci_low", "ci_high", "ceiling",
+            "reliability"]  # fmt: skip
+    return pd.DataFrame(rows, columns=cols)
+
+
+def value_reliability(estimates: pd.DataFrame, bins: int = RELIABILITY_BINS) -> pd.DataFrame:
+    """Per method, env and bin of V_target (equal width over its range): the mean prediction and
+    the mean independent reference V^MC, and the states (the reliability curve)."""
+    frame = estimates.dropna(subset=["value"])
+    lo, hi = frame["value"].min(), frame["value"].max()
+    width = (hi - lo) / bins if hi > lo else 1.0
+    binned = frame.assign(bin=np.minimum(((frame["value"] - lo) / width).astype(int), bins - 1))
+    return (
+        binned.groupby([*by(binned), "bin"])
+        .agg(prediction=("value", "mean"), target=("v", "mean"), states=("value", "size"))
+        .reset_index()
+    )

@@ -33,7 +33,10 @@ from . import checkpoint
 from .config import TrainConfig
 
 POLICY_TAG = "engine"  # the policy engine's folder in a checkpoint (:class:`.engine.Engine`)
-MC_COLUMNS = ("step", "traj", "turn", "samples", "mc_seed", "q", "v", "mc", "failed")
+MC_COLUMNS = ("step", "traj", "turn", "samples", "mc_seed", "q", "v", "mc", "failed",
+              "q_returns", "v_returns")  # fmt: skip
+"""``q_returns`` / ``v_returns``: each continuation's return, ";"-joined (the noise ceiling's
+split halves need them; "" where Q is the recorded outcome)."""
 
 
 @dataclass(frozen=True)
@@ -160,5 +163,10 @@ def _estimates(
         failed = sum(ep.start_failed for ep in [*v_eps, *q_eps])
         rows.append({"step": int(row.step), "traj": int(row.traj), "turn": int(row.turn),
                      "samples": n, "mc_seed": plan.seed, "q": q, "v": v, "mc": q - v,
-                     "failed": failed})  # fmt: skip
+                     "failed": failed, "q_returns": _joined(q_eps),
+                     "v_returns": _joined(v_eps)})  # fmt: skip
     return pd.DataFrame(rows, columns=list(MC_COLUMNS))
+
+
+def _joined(episodes: list[Episode]) -> str:
+    return ";".join(f"{outcome_of(ep):g}" for ep in episodes)

@@ -126,3 +126,17 @@ def _step_estimates(
     mc = mc_advantages(cfg, policy, step_actions, chosen, plan, on_turn=on_turn)
     cols = [c for c in chosen.columns if c not in ("run_id", "method", "env", "seed")]
     return chosen[cols].merge(mc, on=["step", "traj", "turn"], how="inner")
+
+
+def value_estimates(
+    actions: pd.DataFrame, runs: pd.DataFrame, plan: McPlan, cache: Path, progress: Progress
+) -> pd.DataFrame:
+    """:func:`td_sign_estimates` of the runs whose method has a value head (the others have no
+    V_target to calibrate and are left out; none raises ValueError)."""
+    from factor_cli.credit import METHODS
+
+    has = runs["method"].map(lambda m: METHODS.get(m).uses_value_head)
+    if not has.any():
+        methods = ", ".join(sorted(set(runs["method"])))
+        raise ValueError(f"no run has a value head to calibrate (methods: {methods})")
+    return td_sign_estimates(actions, runs[has], plan, cache, progress)

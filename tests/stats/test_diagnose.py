@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -169,3 +170,47 @@ def test_td_sign_resamples_trajectories_whole() -> None:
     row = d.td_sign(est).set_index("phase").loc["all"]
     assert row["agreement"] == 0.5
     assert {row["ci_low"], row["ci_high"]} <= {0.0, 0.5, 1.0}
+
+
+def _replayed(n_traj: int = 12, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """td-sign replay rows with values and 8 continuation returns each, and their records."""
+    rng = np.random.default_rng(seed)
+    rows, acts = [], []
+    for traj in range(n_traj):
+        group, outcome = traj // 4, int(traj % 2)
+        for turn in range(3):
+            p = rng.random()
+            ret = (rng.random(8) < p).astype(int)
+            rows.append({"method": "factor", "env": "twx", "run_id": "r", "step": 2,
+                         "traj": traj, "turn": turn, "group": group,
+                         "phase": "early" if traj < 6 else "late",
+                         "value": p + rng.normal(0, 0.1), "v": ret.mean(), "samples": 8,
+                         "v_returns": ";".join(map(str, ret))})  # fmt: skip
+            acts.append({"run_id": "r", "step": 2, "traj": traj, "group": group,
+                         "outcome": outcome})  # fmt: skip
+    return pd.DataFrame(rows), pd.DataFrame(acts)
+
+
+def test_value_against_mc_is_table_17_with_the_ceiling() -> None:
+    from factor_cli.stats.calibration import value_metrics
+
+    est, acts = _replayed()
+    table = d.value_against_mc(est, acts)
+    assert set(table["phase"]) == {"early", "late", "all"}
+    assert set(table["metric"]) == set(d.VALUE_METRICS)
+    every = table[table["phase"] == "all"].set_index("metric")
+    assert (every["states"] == 36).all()
+    base = est["group"].map(acts.groupby("group")["outcome"].mean()).to_numpy()
+    want = value_metrics(est["value"].to_numpy(), est["v"].to_numpy(), base,
+                         est["traj"].to_numpy(), np.random.default_rng(0), 50)  # fmt: skip
+    for name, iv in want.items():
+        assert every.loc[name, "value"] == pytest.approx(iv.point)
+        assert every.loc[name, "ci_low"] <= iv.point <= every.loc[name, "ci_high"]
+    assert 0 < every.loc["pearson", "ceiling"] <= 1 and every.loc["sign_accuracy", "ceiling"] > 0.5
+    assert np.isnan(every.loc["mse", "ceiling"])
+
+
+def test_value_against_mc_refuses_caches_without_returns() -> None:
+    est, acts = _replayed()
+    with pytest.raises(ValueError, match="predate per-continuation returns"):
+        d.value_against_mc(est.drop(columns="v_returns"), acts)

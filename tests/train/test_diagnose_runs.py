@@ -17,7 +17,7 @@ from factor_cli.train.config import load_config
 
 pytestmark = needs_twx
 runner = CliRunner()
-KINDS = ("coef-deviation", "groups", "value", "length-bias", "horizon", "compare")
+KINDS = ("coef-deviation", "groups", "length-bias", "horizon", "compare")
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +115,24 @@ def test_td_sign_replays_a_kept_step_and_resumes_from_its_cache(study: dict[str,
     again = diagnose(study, *args)
     assert again.exit_code == 0 and cache[0].stat().st_mtime_ns == stamp
     assert pd.read_csv(Path(study["out"]) / "td-sign.csv").equals(table)
+
+
+def test_value_is_table_17_against_an_independent_reference(study: dict[str, str]) -> None:
+    """The value kind replays the td-sign draws (and shares their cache): Table 17's metrics
+    with intervals and the reference's ceiling; a run without a value head is left out."""
+    args = ("value", study["factor"], study["serl-repro"], "--samples", "2", "--actions", "4")
+    res = diagnose(study, *args)
+    assert res.exit_code == 0, res.output
+    table = pd.read_csv(Path(study["out"]) / "value.csv")
+    assert set(table["method"]) == {"factor"}
+    assert set(table["metric"]) == {"mse", "mae", "bias", "pearson", "sign_accuracy"}
+    assert (table["states"] > 0).all() and "ceiling" in table.columns
+    assert "reliability" in res.output and "against its training targets" in res.output
+    assert (Path(study["out"]) / "value.png").stat().st_size > 1000
+    cache = list((Path(study["out"]) / "td-sign-estimates").glob("*-n2-a4-s0-rows.csv"))
+    assert len(cache) == 1 and "v_returns" in pd.read_csv(cache[0]).columns
+    res = diagnose(study, "value", study["serl-repro"])
+    assert res.exit_code == 1 and "no run has a value head" in res.output
 
 
 def test_compare_replays_each_run_to_its_own_credit(study: dict[str, str]) -> None:

@@ -1,0 +1,212 @@
+"""The value estimators ``benchmarks/value_fit.py fit`` compares, on one collected data set.
+
+Every variant fits on single-continuation targets of the fit trajectories' states (as the
+trainer's value head sees them: one continuation return per (state, draw)) and is scored on the
+held-out trajectories' states against their K-continuation mean over the turns left (the
+return TAC's credit needs). The variants move one lever at a time from the smoke preset's head
+(last-layer boundary features, MLP hidden 64, Adam lr 1e-3, 4 passes, batch 64, targets played
+for at most 6 turns).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from factor_cli.stats.calibration import value_ceiling, value_metrics
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    estimator: str = "head"  # head | linear | turn | encoder
+    targets: int = 1000
+    horizon: str = "6"  # "6": success within 6 more turns, "rest": within the turns left
+    layer: int = -1
+    hidden: int = 64
+    lr: float = 1e-3
+    epochs: int = 4
+    init: str = "policy"  # the encoder's start: policy | scratch
+
+
+BASE = Variant("smoke head (targets ~1,000)")
+VARIANTS = [
+    replace(BASE, name="smoke head, ~100 targets (one smoke step)", targets=100),
+    BASE,
+    replace(BASE, name="smoke head, ~8,500 targets (paper warm-up)", targets=8500),
+    replace(BASE, name="horizon: the turns left", horizon="rest"),
+    replace(BASE, name="horizon rest, ~8,500 targets", horizon="rest", targets=8500),
+    replace(BASE, name="16 passes, lr 3e-3", horizon="rest", targets=8500, epochs=16, lr=3e-3),
+    replace(BASE, name="hidden 256", horizon="rest", targets=8500, hidden=256),
+    replace(BASE, name="hidden 1024 (paper)", horizon="rest", targets=8500, hidden=1024),
+    *[replace(BASE, name=f"layer {i}", horizon="rest", targets=8500, layer=i) for i in range(4)],
+    replace(BASE, name="linear probe (ridge)", estimator="linear", horizon="rest", targets=8500),
+    replace(BASE, name="turn index alone", estimator="turn", horizon="rest", targets=8500),
+    replace(BASE, name="separate encoder, from the policy", estimator="encoder", horizon="rest"),
+    replace(
+        BASE,
+        name="separate encoder, from scratch",
+        estimator="encoder",
+        horizon="rest",
+        init="scratch",
+    ),
+]
+
+
+def _split(data: dict[str, Any], seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Fit and held-out state indices: a quarter of the trajectories held out (seeded)."""
+    traj = data["traj"].numpy()
+    ids = np.unique(traj)
+    rng = np.random.default_rng(seed)
+    held = set(rng.choice(ids, size=max(1, len(ids) // 4), replace=False).tolist())
+    mask = np.array([t in held for t in traj])
+    return np.flatnonzero(~mask), np.flatnonzero(mask)
+
+
+def _returns(data: dict[str, Any], horizon: str) -> np.ndarray:
+    """G per (state, continuation), [N, K]: the outcome, or 0 when the win came after 6 turns."""
+    g = data["outcome"].numpy().astype(float)
+    if horizon == "6":
+        g = g * (data["length"].numpy() <= data["horizon"])
+    return g
+
+
+def _targets(fit: np.ndarray, g: np.ndarray, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` (state, single-continuation return) pairs: m = ceil(n / F) draws of each of up to
+    n fit states (F of them), continuations without replacement."""
+    rng = np.random.default_rng(seed)
+    m = min(g.shape[1], math.ceil(n / len(fit)))
+    states = rng.permutation(fit)[: min(len(fit), n)]
+    rows, ys = [], []
+    for s in states:
+        for c in rng.permutation(g.shape[1])[:m]:
+            rows.append(s)
+            ys.append(g[s, c])
+    return np.array(rows[:n]), np.array(ys[:n])
+
+
+def _mlp(x: torch.Tensor, y: torch.Tensor, v: Variant, seed: int) -> nn.Module:
+    from factor_cli.policy.value_head import ValueHead
+
+    torch.manual_seed(seed)
+    head = ValueHead(x.shape[1], v.hidden)
+    opt = torch.optim.Adam(head.parameters(), lr=v.lr)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(v.epochs):
+        for idx in torch.randperm(len(y), generator=gen).split(64):
+            loss = nn.functional.mse_loss(head(x[idx]), y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return head.eval()
+
+
+def _ridge(x: np.ndarray, y: np.ndarray, xt: np.ndarray) -> np.ndarray:
+    """Ridge on standardised features, the penalty chosen by 5-fold CV on the fit states."""
+    mu, sd = x.mean(0), x.std(0) + 1e-6
+    x, xt = (x - mu) / sd, (xt - mu) / sd
+    x1, xt1 = np.c_[x, np.ones(len(x))], np.c_[xt, np.ones(len(xt))]
+
+    def solve(a: np.ndarray, b: np.ndarray, lam: float) -> np.ndarray:
+        reg = lam * np.eye(a.shape[1])
+        reg[-1, -1] = 0.0
+        return np.linalg.solve(a.T @ a + reg, a.T @ b)
+
+    folds = np.arange(len(y)) % 5
+    best = min((sum(np.mean((x1[folds == f] @ solve(x1[folds != f], y[folds != f], lam)
+                             - y[folds == f]) ** 2) for f in range(5)), lam)
+               for lam in (1e-1, 1.0, 10.0, 1e2, 1e3, 1e4))[1]  # fmt: skip
+    return xt1 @ solve(x1, y, best)
+
+
+def _encoder(data: dict[str, Any], rows: np.ndarray, y: np.ndarray, test: np.ndarray,
+             v: Variant, seed: int) -> np.ndarray:  # fmt: skip
+    """The tiny model's backbone (the warm start's weights, or re-initialised) + a linear head,
+    trained end to end on each fit state's mean target (3 passes, Adam 3e-4, batch 16)."""
+    from transformers import AutoModel
+
+    torch.manual_seed(seed)
+    backbone = AutoModel.from_pretrained(data["model_path"])
+    if v.init == "scratch":
+        backbone.apply(backbone._init_weights)
+    head = nn.Linear(backbone.config.hidden_size, 1)
+    params = [*backbone.parameters(), *head.parameters()]
+    opt = torch.optim.Adam(params, lr=3e-4)
+    states = np.unique(rows)
+    target = {s: float(y[rows == s].mean()) for s in states}
+
+    def forward(idx: np.ndarray) -> torch.Tensor:
+        prompts = [data["prompts"][i] for i in idx]
+        width = max(map(len, prompts))
+        ids = torch.zeros(len(idx), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, p in enumerate(prompts):
+            ids[r, : len(p)], mask[r, : len(p)] = torch.tensor(p), 1
+        h = backbone(input_ids=ids, attention_mask=mask).last_hidden_state
+        last = torch.tensor([len(p) - 1 for p in prompts])
+        return head(h[torch.arange(len(idx)), last]).squeeze(-1)
+
+    rng = np.random.default_rng(seed)
+    for _ in range(3):
+        for chunk in np.array_split(rng.permutation(states), max(1, len(states) // 16)):
+            loss = nn.functional.mse_loss(forward(chunk), torch.tensor([target[s] for s in chunk]))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with torch.no_grad():
+        return np.concatenate([forward(c).numpy() for c in np.array_split(test, len(test) // 32)])
+
+
+def _predict(data: dict[str, Any], v: Variant, fit: np.ndarray, test: np.ndarray,
+             seed: int) -> tuple[np.ndarray, int]:  # fmt: skip
+    rows, y = _targets(fit, _returns(data, v.horizon), v.targets, seed)
+    if v.estimator == "turn":
+        turn = data["turn"].numpy()
+        mean = {t: y[turn[rows] == t].mean() for t in np.unique(turn[rows])}
+        return np.array([mean.get(t, y.mean()) for t in turn[test]]), len(y)
+    if v.estimator == "encoder":
+        return _encoder(data, rows, y, test, v, seed), len(y)
+    feats = data["features"][:, v.layer].float()
+    if v.estimator == "linear":
+        return _ridge(feats[rows].numpy(), y, feats[test].numpy()), len(y)
+    head = _mlp(feats[rows], torch.tensor(y, dtype=torch.float32), v, seed)
+    with torch.no_grad():
+        return head(feats[test]).numpy(), len(y)
+
+
+def run_fit(path: Path, seed: int = 0) -> list[dict[str, Any]]:
+    """One row per :data:`VARIANTS` entry, plus the reference's ceiling (module docstring)."""
+    data = torch.load(path, weights_only=False)
+    torch.set_num_threads(1)
+    fit, test = _split(data, seed)
+    ref_returns = _returns(data, "rest")[test]
+    ref = ref_returns.mean(1)
+    groups = {int(g): float(o) for g, o in zip(data["root_group"], data["root_outcome"])}
+    base_by_group = {g: np.mean([o for gg, o in zip(data["root_group"].tolist(),
+                                                    data["root_outcome"].tolist()) if gg == g])
+                     for g in groups}  # fmt: skip
+    base = np.array([base_by_group[int(g)] for g in data["group"][test]])
+    cluster = data["traj"].numpy()[test]
+    ceiling = value_ceiling(ref_returns, base, np.random.default_rng(seed))
+    rows = []
+    for v in VARIANTS:
+        t0 = time.perf_counter()
+        pred, n = _predict(data, v, fit, test, seed)
+        secs = time.perf_counter() - t0
+        m = value_metrics(pred, ref, base, cluster, np.random.default_rng(seed), 500)
+        rows.append({
+            "variant": v.name, "targets": n, "held-out states": len(test),
+            "r": m["pearson"].point, "r CI": f"[{m['pearson'].low:.2f}, {m['pearson'].high:.2f}]",
+            "sign acc": m["sign_accuracy"].point, "bias": m["bias"].point, "mse": m["mse"].point,
+            "seconds": secs, "ceiling r": ceiling.pearson, "ceiling sign": ceiling.sign_accuracy,
+        })  # fmt: skip
+        print(f"[fit] {v.name}: r {m['pearson'].point:.3f}, sign {m['sign_accuracy'].point:.3f}",
+              flush=True)  # fmt: skip
+    return rows
