@@ -132,6 +132,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("training/", "Training - factor", True),
         ("design/", "Design - factor", True),
         ("api/credit/", "factor_cli.credit - factor", False),
+        ("installation/", "Installation - factor", False),
+        ("tutorial/", "A first experiment - factor", True),
+        ("glossary/", "Concepts and glossary - factor", True),
+        ("howto/add-environment/", "Add an environment - factor", True),
     ],
 )
 def test_the_site_renders_in_chromium_with_its_math_and_no_console_error(

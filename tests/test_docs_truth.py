@@ -316,9 +316,9 @@ def test_the_glossary_defines_each_term_and_the_first_use_links_to_it() -> None:
     order = [p for p in _nav(mkdocs_config()["nav"]) if p in PAGES and p != GLOSSARY]
     for abbreviation in ("TAC", "HTA", "APM"):
         first = next(p for p in order if re.search(rf"\b{abbreviation}\b", PAGES[p]))
-        paragraph = next(
+        paragraph = next(  # a paragraph, or one item of a list
             par
-            for par in re.split(r"\n\s*\n", PAGES[first])
+            for par in re.split(r"\n\s*\n|\n(?=\s*(?:[-*+]|\d+\.) )", PAGES[first])
             if re.search(rf"\b{abbreviation}\b", par)
         )
         assert "glossary.md" in paragraph, f"{first}: link {abbreviation} to the glossary"
