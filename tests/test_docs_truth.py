@@ -308,7 +308,7 @@ GLOSSARY_TERMS = {
 def test_the_glossary_defines_each_term_and_the_first_use_links_to_it() -> None:
     text = PAGES[GLOSSARY]
     for anchor, term in GLOSSARY_TERMS.items():
-        entry = re.search(rf"^#+ (.*) \{{#{re.escape(anchor)}\}}\n((?:(?!#).*\n)*)", text, re.M)
+        entry = re.search(rf"^#+ (.*) \{{#{re.escape(anchor)}[^}}]*\}}\n((?:(?!#).*\n)*)", text, re.M)
         assert entry, f"no glossary entry #{anchor}"
         assert term in entry.group(0), f"#{anchor} does not define {term}"
     assert "per-Action Mean" in text
