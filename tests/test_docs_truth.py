@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from test_docs import _nav_pages as _nav
 from test_docs import mkdocs_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -269,17 +270,6 @@ REQUIRED_PAGES = [
 ]
 
 
-def _nav(node: object) -> Iterator[str]:
-    if isinstance(node, str):
-        yield node
-    elif isinstance(node, list):
-        for item in node:
-            yield from _nav(item)
-    elif isinstance(node, dict):
-        for value in node.values():
-            yield from _nav(value)
-
-
 def test_the_user_pages_exist_and_are_in_the_navigation() -> None:
     nav = list(_nav(mkdocs_config()["nav"]))
     assert [p for p in REQUIRED_PAGES if p not in nav or p not in PAGES] == []
@@ -308,7 +298,8 @@ GLOSSARY_TERMS = {
 def test_the_glossary_defines_each_term_and_the_first_use_links_to_it() -> None:
     text = PAGES[GLOSSARY]
     for anchor, term in GLOSSARY_TERMS.items():
-        entry = re.search(rf"^#+ (.*) \{{#{re.escape(anchor)}[^}}]*\}}\n((?:(?!#).*\n)*)", text, re.M)
+        heading = rf"^#+ (.*) \{{#{re.escape(anchor)}[^}}]*\}}\n"
+        entry = re.search(heading + r"((?:(?!#).*\n)*)", text, re.M)
         assert entry, f"no glossary entry #{anchor}"
         assert term in entry.group(0), f"#{anchor} does not define {term}"
     assert "per-Action Mean" in text
