@@ -48,7 +48,7 @@ def items(rng: np.random.Generator) -> pd.DataFrame:
     for t in range(SCIWORLD_TYPES):
         for lv in range(SCIWORLD_LEVELS):
             rows += [
-                ("sciworld", f"sw-t{t:02d}-L{lv}-{k}", f"t{t:02d}/L{lv}")
+                ("scienceworld", f"sw-t{t:02d}-L{lv}-{k}", f"t{t:02d}/L{lv}")
                 for k in range(SCIWORLD_PER_CELL)
             ]
     frame = pd.DataFrame(rows, columns=["env", "item_id", "category"])
@@ -67,7 +67,7 @@ def item_rates(frame: pd.DataFrame, method: str, shift: float) -> np.ndarray:
     )
     # ScienceWorld: harder levels are harder (L0 +6 pp, L2 -6 pp around the mean).
     level = frame["category"].str.extract(r"/L(\d)$")[0].astype(float).fillna(1.0).to_numpy()
-    p = p + np.where(frame["env"] == "sciworld", 0.06 * (1.0 - level), 0.0)
+    p = p + np.where(frame["env"] == "scienceworld", 0.06 * (1.0 - level), 0.0)
     return np.clip(p + shift, 0.01, 0.995)
 
 

@@ -25,6 +25,11 @@ class Registry(Generic[T]):
         self._entries: dict[str, T] = {}
 
     def add(self, name: str, entry: T) -> T:
+        """Register ``entry`` under ``name`` and return it.
+
+        Raises:
+            ValueError: ``name`` is already registered.
+        """
         if name in self._entries:
             raise ValueError(f"{self.kind} {name!r} is already registered")
         self._entries[name] = entry
@@ -39,6 +44,11 @@ class Registry(Generic[T]):
         return deco
 
     def get(self, name: str) -> T:
+        """The entry registered under ``name``.
+
+        Raises:
+            ValueError: ``name`` is unknown; the message lists the valid names.
+        """
         try:
             return self._entries[name]
         except KeyError:
@@ -46,6 +56,7 @@ class Registry(Generic[T]):
             raise ValueError(f"unknown {self.kind} {name!r}; valid: {valid}") from None
 
     def names(self) -> list[str]:
+        """Every registered name, in registration order."""
         return list(self._entries)
 
     def __contains__(self, name: object) -> bool:

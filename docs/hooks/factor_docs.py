@@ -239,7 +239,9 @@ def _submodules(package: str) -> list[str]:
 
 
 def _blocks(modules: Iterable[str]) -> str:
-    return "\n".join(f"::: {m}\n" for m in modules)
+    """One mkdocstrings block per module, listed in the page's table of contents by its full
+    name (``factor_cli.envs.base`` and ``factor_cli.policy.generation.base`` are both "base")."""
+    return "\n".join(f"::: {m}\n    options:\n      toc_label: {m}\n" for m in modules)
 
 
 API_INTRO = {

@@ -14,6 +14,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from factor_cli.resources import presets_dir
+
 from .common import EXIT_INTERRUPTED, console, err_console, fail, warn
 
 if TYPE_CHECKING:
@@ -37,8 +39,10 @@ sweep_app = typer.Typer(
     no_args_is_help=True,
 )
 
-SPEC_HELP = "A shipped study (main, ablations, protocol, budget, sensitivity, estimators, "
-SPEC_HELP += "transfer, ci; `factor study list`) or a spec YAML file."
+# The shipped specs are named from the folder itself, so a new one shows up in --help.
+SPEC_HELP = "A shipped study ({}; `factor study list`) or a spec YAML file.".format(
+    ", ".join(sorted(p.stem for p in (presets_dir() / "studies").glob("*.yaml")))
+)
 STATE_STYLE = {
     "finished": "green", "running": "cyan", "stale": "yellow", "killed": "yellow",
     "failed": "red", "pending": "", "invalid": "red",

@@ -1,9 +1,10 @@
 """The environment protocol every adapter implements (docs/design.md section 6).
 
 An adapter plays one episode at a time: ``reset(instance_id)`` starts it, ``step(action)``
-advances it, ``restore(instance_id, prefix)`` puts it back at an intermediate state of a recorded
-episode (native clone where the engine has one, else reset + replay with the recorded
-observations checked), and ``outcome()`` scores it under the environment's convention.
+advances it, ``restore(instance_id, actions, observations)`` puts it back at the state after
+``actions`` of a recorded episode (by default reset + replay, each replayed observation checked
+against ``observations``; an adapter whose engine can clone a state may override it), and
+``outcome()`` scores it under the environment's convention.
 
 Static facts (the terminal-outcome convention, evaluation metric, feedback Phi_t, turn limit,
 invalid-action handling) live in the adapter's :class:`EnvSpec`.

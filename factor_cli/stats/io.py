@@ -2,7 +2,7 @@
 
 Results schema: one row per evaluation item of a run, columns at least
 
-    env       str    environment (e.g. alfworld, webshop, sciworld)
+    env       str    environment (e.g. alfworld, webshop, scienceworld)
     method    str    method name (e.g. FACTOR, SERL-Repro)
     seed      int    training seed of the run
     item_id   str    evaluation item; the same ids across methods of one (env, seed) pair them
