@@ -158,6 +158,9 @@ def _kinds(mc: McOptions) -> dict[str, Kind]:
             },
             lambda r, t, out: p.horizon_plot(t["horizon"], out),
         ),
+        "position": _single(
+            "position", lambda a: d.credit_by_position(a, seed=mc.seed), p.position_plot
+        ),
         "compare": _compare(),
         **_replaying_kinds(mc),
     }
@@ -169,6 +172,7 @@ KIND_SUMMARIES = {
     "value": "V_target against an independent N-continuation return, with ceiling (Table 17)",
     "length-bias": "surrogate weight by action length, token- vs action-mean (Table 24)",
     "horizon": "success, and each method difference, by trajectory length (Table 26)",
+    "position": "mean credit share A*_t / A^seq by turn, in wins and in losses, with CIs",
     "td-sign": "sign of the credit against independent Monte-Carlo advantages (Fig. 5B)",
     "compare": "every estimator's credit on the same recorded actions: sign agreement, rank r",
     "feedback": "allocation concentration with true, shuffled and no feedback (Table 27)",
@@ -228,7 +232,8 @@ def diagnose_cmd(
         ),
     ] = 32,
     mc_seed: Annotated[
-        int, typer.Option("--mc-seed", help="replaying kinds: seed of the draws.")
+        int,
+        typer.Option("--mc-seed", help="replaying kinds: seed of the draws; position: of the CIs."),
     ] = 0,
     tracking_uri: TrackingOpt = None,
     experiment: ExperimentOpt = "factor",
@@ -251,6 +256,10 @@ def diagnose_cmd(
     - **length-bias**: mean surrogate weight by action length under both reductions (Table 24).
     - **horizon**: training success by trajectory length, and the difference of each pair of
       methods per bucket (Table 26).
+    - **position**: the mean credit share A*_t / A^seq and the mean A*_t by turn (0-based; turns
+      from 10 on pooled, and the last action apart), for successful and failed trajectories,
+      with 95% bootstrap intervals over trajectories (--mc-seed seeds them): does credit flow
+      where the outcome says?
     - **td-sign**: for up to --actions actions of each step whose policy was kept (train with
       checkpoint_keep_every=N; step k replays checkpoint k - 1), --samples continuations from
       x_t and from x_{t+1} give an independent Monte-Carlo advantage; the table is the share

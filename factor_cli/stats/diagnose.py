@@ -16,6 +16,8 @@ run columns ``run_id``, ``method``, ``env``, ``seed``) and returns a table, one 
 - :func:`length_bias`: mean pre-clipping surrogate weight per token-count bucket under token-mean
   (L_t w-bar_t / L-bar) and action-mean (w-bar_t) (Table 24).
 - :func:`horizon`: success by trajectory-length bucket (Table 26).
+- :func:`credit_by_position`: the mean credit share A*_t / A^seq_i and the mean A*_t by turn,
+  for successful and failed trajectories, with bootstrap intervals over trajectories.
 - :func:`td_sign`: sign agreement of the credit with an independent Monte-Carlo advantage
   (Fig. 5B, Table 19), early and late, with a bootstrap interval over trajectories.
 - :func:`feedback_concentration`: the allocation's concentration with true, shuffled and no
@@ -182,6 +184,96 @@ def horizon_differences(table: pd.DataFrame) -> pd.DataFrame:
             for b in rate.index[:i]:
                 rows.append([*head, f"{a} - {b}", float(rate[a] - rate[b])])
     return pd.DataFrame(rows, columns=[*envs, "bucket", "pair", "difference"])
+
+
+POSITION_TURNS = 10
+"""Turns t = 0..9 get a position each; later turns are pooled into one position '>=10'."""
+
+
+def _positions(actions: pd.DataFrame, turns: int) -> pd.DataFrame:
+    """Each action under its turn's position ('0', '1', ..., '>=turns'), and once more under
+    'last' when it is its trajectory's last action (t = T_i - 1); ``position`` is an ordered
+    categorical in that order."""
+    labels = [*(str(t) for t in range(turns)), f">={turns}", "last"]
+    code = np.minimum(actions["turn"].to_numpy(), turns)
+    last = actions[actions["turn"] == actions["turns"] - 1]
+    return pd.concat(
+        [
+            actions.assign(position=pd.Categorical.from_codes(code, labels, ordered=True)),
+            last.assign(
+                position=pd.Categorical.from_codes(
+                    np.full(len(last), turns + 1), labels, ordered=True
+                )
+            ),
+        ],
+        ignore_index=True,
+    )
+
+
+def credit_by_position(
+    actions: pd.DataFrame, seed: int = 0, turns: int = POSITION_TURNS
+) -> pd.DataFrame:
+    """Where the credit of successful and of failed trajectories goes, by turn.
+
+    For action t of trajectory i (t = 0, ..., T_i - 1, 0-based as the records' ``turn``), with
+    A*_t its credit (the method's ``credit``: TAC's TD residual, GRPO's broadcast A^seq_i, ...)
+    and A^seq_i its trajectory's advantage, the credit share is
+
+        s_t = A*_t / A^seq_i,   defined only when |A^seq_i| >= 1e-6.
+
+    TAC conserves A^seq_i, so sum_t s_t = 1 over a trajectory: s_t > 0 means action t moves
+    the way the outcome does (pushed up in a win, down in a loss), s_t < 0 against it. Uniform
+    credit (w/o TAC) gives s_t = 1 / T_i; broadcast credit (GRPO, SERL) gives s_t = 1.
+
+    Rows: one per method, env, ``result`` ('failure' or 'success', the records' ``success``
+    flag) and ``position``: '0', ..., 'turns-1' (one turn each), '>=turns' (the later turns
+    pooled) and 'last' (t = T_i - 1, where the terminal reward r_{T-1} lands; these actions
+    are also counted at their own turn, so the 'last' row overlaps the others). Columns:
+
+    - ``actions``, ``trajectories``: the actions in the cell and their trajectories;
+    - ``share_actions``: those whose trajectory has |A^seq_i| >= 1e-6 (the share's actions);
+    - ``share``, ``share_low``, ``share_high``: the mean s_t over them, with a 95% percentile
+      interval from a bootstrap over trajectories (actions of one trajectory are resampled
+      together); NaN when no action of the cell has a share;
+    - ``uniform_share``: the mean of 1 / T_i over the same actions, what uniform credit would
+      show at this position (a reference);
+    - ``credit``, ``credit_low``, ``credit_high``: the mean A*_t over all the cell's actions,
+      with its interval.
+
+    Only the teacher-active steps count (:func:`active_steps`): for FACTOR those are the steps
+    past warm-up, where the credit is TD rather than uniform; a method without a teacher keeps
+    all its steps. Every column of the mean is action-weighted; within one turn each
+    trajectory has one action, so it is also trajectory-weighted.
+
+    ``actions``: the records' frame (``turn``, ``turns``, ``success``, ``a_seq``, ``credit``,
+    ``run_id``, ``step``, ``traj``, the grouping columns of :func:`by`, ``strength``).
+    ``seed`` seeds the bootstrap.
+    """
+    a = active_steps(actions)
+    a = a.assign(result=np.where(a["success"].astype(bool), "success", "failure"))
+    a = _positions(a, turns)
+    has_share = a["a_seq"].abs() >= MIN_ABS
+    a = a.assign(share=a["credit"] / a["a_seq"].where(has_share), uniform=1.0 / a["turns"])
+    group = by(a, "result", "position")
+    cols = [*group, "actions", "trajectories", "share_actions", "share", "share_low",
+            "share_high", "uniform_share", "credit", "credit_low", "credit_high"]  # fmt: skip
+    rows = []
+    rng = np.random.default_rng(seed)
+    for key, cell in a.groupby(group, sort=True, observed=True):
+        cluster = cell.groupby(["run_id", "step", "traj"], sort=False).ngroup().to_numpy()
+        credit = cell["credit"].to_numpy(float)
+        on = cell["share"].notna().to_numpy()
+        if on.any():
+            share = cell["share"].to_numpy(float)[on]
+            # Renumber the clusters that have a share 0..k-1, as the interval needs.
+            kept = np.unique(cluster[on], return_inverse=True)[1]
+            share_ci = _cluster_interval(share, kept, rng)
+            means = [share.mean(), *share_ci, cell["uniform"].to_numpy(float)[on].mean()]
+        else:
+            means = [np.nan] * 4
+        rows.append([*key, len(cell), int(cluster.max()) + 1, int(on.sum()), *means,
+                     credit.mean(), *_cluster_interval(credit, cluster, rng)])  # fmt: skip
+    return pd.DataFrame(rows, columns=cols)
 
 
 SIGN_RESAMPLES = 2000

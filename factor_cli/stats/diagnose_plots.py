@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 
+from .diagnose import by
 from .plots import _figure, _save
 
 
@@ -157,3 +158,48 @@ def token_perturb_plot(table: pd.DataFrame, out: Path) -> Path:
     return _bars(table, "sign", ["delta_top", "delta_bottom"],
                  "Return change from perturbing allocation quartiles (paper Fig. 5C)",
                  "mean Delta G", out)  # fmt: skip
+
+
+def _position_x(label: str) -> float:
+    """x of a position of :func:`~factor_cli.stats.diagnose.credit_by_position`: turn t at t,
+    '>=K' at K; 'last' is placed by the caller."""
+    return float(label[2:] if label.startswith(">=") else label)
+
+
+def position_plot(table: pd.DataFrame, out: Path) -> Path:
+    """Mean credit share A*_t / A^seq_i by turn, one panel per result (success, failure): per
+    method (and env), a line with its 95% band over the turns, the 'last' action apart on the
+    right with its interval, and a dotted line of the same colour at the mean 1 / T_i, what
+    uniform credit would give. Above 0, an action moves with the outcome; below, against it."""
+    fig, _ = _figure(10.0, 4.0)
+    fig.clear()
+    axes = fig.subplots(1, 2, sharey=True)
+    series = by(table)
+    turns = table[table["position"] != "last"]
+    edge = max((_position_x(p) for p in turns["position"]), default=0.0)
+    keys = [k for k, _ in table.groupby(series, sort=True)]  # one colour a series, both panels
+    for ax, result in zip(axes, ("success", "failure")):
+        ax.axhline(0.0, color="grey", linewidth=0.8)
+        part = table[table["result"] == result]
+        for key, g in part.groupby(series, sort=True):
+            label = ", ".join(map(str, key if isinstance(key, tuple) else (key,)))
+            color = f"C{keys.index(key) % 10}"
+            line = g[g["position"] != "last"].assign(x=lambda f: f["position"].map(_position_x))
+            line = line.sort_values("x")
+            ax.plot(line["x"], line["share"], marker="o", color=color, label=label)
+            ax.fill_between(line["x"], line["share_low"], line["share_high"], color=color,
+                            alpha=0.2, linewidth=0)  # fmt: skip
+            ax.plot(line["x"], line["uniform_share"], linestyle=":", color=color)
+            last = g[(g["position"] == "last") & g["share"].notna()]
+            for row in last.itertuples(index=False):
+                # A percentile interval need not contain the mean: clip the bar at it.
+                err = np.maximum([[row.share - row.share_low], [row.share_high - row.share]], 0)
+                ax.errorbar([edge + 1.5], [row.share], yerr=err, fmt="s", color=color, capsize=3)
+        ticks = {_position_x(p): p for p in turns["position"]}
+        ax.set_xticks([*ticks, edge + 1.5], [*ticks.values(), "last"])
+        ax.set_xlabel("turn t (0-based)")
+        ax.set_title(f"{result}: mean A*_t / A^seq (dotted: 1/T_i, uniform credit)", fontsize=9)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    axes[0].set_ylabel("mean credit share, 95% CI over trajectories")
+    return _save(fig, out)

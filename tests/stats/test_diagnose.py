@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from factor_cli.stats import diagnose as d
+from factor_cli.stats.diagnose_plots import position_plot
 
 
 def frame(rows: list[dict]) -> pd.DataFrame:
@@ -214,3 +217,127 @@ def test_value_against_mc_refuses_caches_without_returns() -> None:
     est, acts = _replayed()
     with pytest.raises(ValueError, match="predate per-continuation returns"):
         d.value_against_mc(est.drop(columns="v_returns"), acts)
+
+
+def trajectory(i: int, success: int, a_seq: float, credits: list[float], **extra) -> list[dict]:
+    """The action rows of trajectory ``i``: credit A*_t = credits[t], T_i = len(credits)."""
+    return [
+        {"traj": i, "turn": t, "turns": len(credits), "success": success, "a_seq": a_seq,
+         "credit": c, **extra}
+        for t, c in enumerate(credits)
+    ]  # fmt: skip
+
+
+def test_credit_by_position_exact() -> None:
+    """Shares s_t = A*_t / A^seq: win 0 (-0.5, 0.5, 1), loss 1 (0.8, 0.2), win 2 (0.2, 0.8);
+    win 3 has A^seq = 0, so only its credit counts; step 2's teacher is off (left out)."""
+    acts = frame(
+        trajectory(0, 1, 0.5, [-0.25, 0.25, 0.5])
+        + trajectory(1, 0, -0.5, [-0.4, -0.1])
+        + trajectory(2, 1, 0.5, [0.1, 0.4])
+        + trajectory(3, 1, 0.0, [0.3, -0.3])
+        + trajectory(0, 1, 0.5, [9.0], step=2, strength=0.0)
+    )
+    table = d.credit_by_position(acts).set_index(["result", "position"])
+    assert list(table.index) == [
+        ("failure", "0"), ("failure", "1"), ("failure", "last"),
+        ("success", "0"), ("success", "1"), ("success", "2"), ("success", "last"),
+    ]  # fmt: skip
+    cols = ["actions", "trajectories", "share_actions", "share", "uniform_share", "credit"]
+    expected = {
+        ("failure", "0"): [1, 1, 1, 0.8, 1 / 2, -0.4],
+        ("failure", "1"): [1, 1, 1, 0.2, 1 / 2, -0.1],
+        ("failure", "last"): [1, 1, 1, 0.2, 1 / 2, -0.1],
+        ("success", "0"): [3, 3, 2, (-0.5 + 0.2) / 2, (1 / 3 + 1 / 2) / 2, (-0.25 + 0.1 + 0.3) / 3],
+        ("success", "1"): [3, 3, 2, (0.5 + 0.8) / 2, (1 / 3 + 1 / 2) / 2, (0.25 + 0.4 - 0.3) / 3],
+        ("success", "2"): [1, 1, 1, 1.0, 1 / 3, 0.5],
+        ("success", "last"): [3, 3, 2, (1.0 + 0.8) / 2, (1 / 3 + 1 / 2) / 2, (0.5 + 0.4 - 0.3) / 3],
+    }
+    for key, values in expected.items():
+        assert table.loc[key, cols].tolist() == pytest.approx(values), key
+    # One trajectory in a cell: every resample is that trajectory, the interval is the point.
+    for key in [("success", "2"), ("failure", "0")]:
+        row = table.loc[key]
+        assert [row["share_low"], row["share_high"]] == pytest.approx([row["share"]] * 2)
+        assert [row["credit_low"], row["credit_high"]] == pytest.approx([row["credit"]] * 2)
+    win = table.loc[("success", "0")]
+    assert win["share_low"] == pytest.approx(-0.5) and win["share_high"] == pytest.approx(0.2)
+
+
+def test_credit_by_position_without_any_share() -> None:
+    """A cell whose trajectories all have A^seq = 0 has credit but no share."""
+    row = d.credit_by_position(frame(trajectory(0, 1, 0.0, [0.2]))).iloc[0]
+    assert (row["actions"], row["share_actions"], row["credit"]) == (1, 0, 0.2)
+    assert pd.isna(row[["share", "share_low", "share_high", "uniform_share"]]).all()
+
+
+def test_credit_by_position_pools_late_turns_and_resamples_trajectories_whole() -> None:
+    """With turns=1, turns 1-3 of two wins pool into '>=1': one with shares all +1, one all
+    -1. Resampling actions would give means such as 1/3; resampling trajectories gives only
+    -1, 0 and 1."""
+    acts = frame(
+        trajectory(0, 1, 1.0, [0.0, 1.0, 1.0, 1.0]) + trajectory(1, 1, 1.0, [4.0, -1.0, -1, -1])
+    )
+    table = d.credit_by_position(acts, turns=1).set_index("position")
+    assert list(table.index) == ["0", ">=1", "last"]
+    late = table.loc[">=1"]
+    assert (late["actions"], late["trajectories"], late["share"]) == (6, 2, 0.0)
+    assert {late["share_low"], late["share_high"]} <= {-1.0, 0.0, 1.0}
+    assert late["share_low"] < 0.0 < late["share_high"]
+    assert d.credit_by_position(acts, turns=1).equals(d.credit_by_position(acts, turns=1))
+
+
+def test_broadcast_credit_has_share_one_at_every_position() -> None:
+    """GRPO's credit is A^seq on every action: s_t = 1 everywhere, with a point interval."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for i in range(12):
+        a_seq = float(rng.choice([-1, 1]) * rng.uniform(0.1, 1.0))
+        rows += trajectory(i, int(a_seq > 0), a_seq, [a_seq] * int(rng.integers(1, 14)))
+    table = d.credit_by_position(frame(rows).assign(method="grpo", strength=0.0))
+    assert set(table["result"]) == {"success", "failure"} and ">=10" in set(table["position"])
+    assert (table[["share", "share_low", "share_high"]] == 1.0).all(axis=None)
+
+
+def test_credit_by_position_matches_a_loop_oracle() -> None:
+    """Random records of two methods on two envs over two runs: counts and means by loops."""
+    rng = np.random.default_rng(7)
+    rows = []
+    for run, (method, env) in enumerate([("a", "x"), ("a", "y"), ("b", "x"), ("a", "x")]):
+        for step in (1, 2):
+            for i in range(8):
+                t_i = int(rng.integers(1, 6))
+                a_seq = float(rng.choice([0.0, -0.5, 0.5, 1.0]))
+                credits = rng.normal(size=t_i).round(3).tolist()
+                rows += trajectory(i, int(rng.random() < 0.5), a_seq, credits, run_id=f"r{run}",
+                                   method=method, env=env, step=step)  # fmt: skip
+    table = d.credit_by_position(frame(rows), turns=3, seed=1)
+    expected: dict[tuple, dict[str, list]] = {}
+    for r in rows:
+        result = "success" if r["success"] else "failure"
+        positions = [str(r["turn"]) if r["turn"] < 3 else ">=3"]
+        for position in positions + (["last"] if r["turn"] == r["turns"] - 1 else []):
+            cell = expected.setdefault((r["method"], r["env"], result, position),
+                                       {"credit": [], "share": [], "traj": []})  # fmt: skip
+            cell["credit"].append(r["credit"])
+            cell["traj"].append((r["run_id"], r["step"], r["traj"]))
+            if abs(r["a_seq"]) >= 1e-6:
+                cell["share"].append(r["credit"] / r["a_seq"])
+    got = table.set_index(["method", "env", "result", "position"])
+    assert sorted(got.index) == sorted(expected)
+    for key, cell in expected.items():
+        row = got.loc[key]
+        assert row["actions"] == len(cell["credit"])
+        assert row["trajectories"] == len(set(cell["traj"]))
+        assert row["share_actions"] == len(cell["share"])
+        assert row["credit"] == pytest.approx(np.mean(cell["credit"]))
+        assert row["credit_low"] - 1e-12 <= row["credit"] <= row["credit_high"] + 1e-12
+        if cell["share"]:
+            assert row["share"] == pytest.approx(np.mean(cell["share"]))
+            assert row["share_low"] - 1e-12 <= row["share"] <= row["share_high"] + 1e-12
+
+
+def test_position_plot_writes_a_png(tmp_path: Path) -> None:
+    acts = frame(trajectory(0, 1, 0.5, [-0.25, 0.25, 0.5]) + trajectory(1, 0, -0.5, [-0.4, -0.1]))
+    out = position_plot(d.credit_by_position(acts), tmp_path / "position.png")
+    assert out.stat().st_size > 1000

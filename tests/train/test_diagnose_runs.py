@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from test_train import needs_twx, tiny_overrides
@@ -17,7 +18,7 @@ from factor_cli.train.config import load_config
 
 pytestmark = needs_twx
 runner = CliRunner()
-KINDS = ("coef-deviation", "groups", "length-bias", "horizon", "compare")
+KINDS = ("coef-deviation", "groups", "length-bias", "horizon", "position", "compare")
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +73,21 @@ def test_factor_conserves_the_mean_multiplier_serl_does_not(study: dict[str, str
     table = pd.read_csv(Path(study["out"]) / "coef-deviation.csv").set_index("method")
     assert table.loc["factor", "median"] < 1e-6
     assert table.loc["serl-repro", "mean"] > 1e-6
+
+
+def test_position_broadcast_shares_are_one(study: dict[str, str]) -> None:
+    """SERL-Repro's credit is A^seq on every action: share 1 at every position of its wins
+    and losses; FACTOR's TD credit is not a broadcast."""
+    res = diagnose(study, "position", study["factor"], study["serl-repro"], "--mc-seed", "1")
+    assert res.exit_code == 0, res.output
+    table = pd.read_csv(Path(study["out"]) / "position.csv", dtype={"position": str})
+    assert set(table["result"]) <= {"success", "failure"}
+    assert {"0", "last"} <= set(table["position"])
+    serl = table[(table["method"] == "serl-repro") & (table["share_actions"] > 0)]
+    shares = serl[["share", "share_low", "share_high"]].to_numpy()
+    assert len(serl) > 0 and np.abs(shares - 1.0).max() < 1e-6
+    factor = table[table["method"] == "factor"]
+    assert (factor["share_actions"] > 0).any() and (factor["share"] - 1.0).abs().max() > 1e-3
 
 
 def test_bad_input_is_one_line(study: dict[str, str]) -> None:
