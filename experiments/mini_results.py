@@ -124,11 +124,11 @@ def _export_diagnostics(
 ) -> None:
     from rich.progress import Progress
 
+    from factor_cli.diagnostics.replay import McPlan
+    from factor_cli.diagnostics.td_sign import td_sign_estimates
     from factor_cli.ledger.records import load_records
     from factor_cli.rollout.credit_replay import COMPARED, replay_credit
     from factor_cli.stats import diagnose as d
-    from factor_cli.train.replay import McPlan
-    from factor_cli.train.td_sign import td_sign_estimates
 
     out.mkdir(parents=True, exist_ok=True)
     tables: dict[str, list[pd.DataFrame]] = {}
@@ -173,10 +173,10 @@ def _replay_tables(recs: Any, cache: Path, progress_bar: Any) -> dict[str, pd.Da
     """feedback and token-perturb on the runs with a teacher (:data:`REPLAY_PLANS`), their
     estimates cached under ``cache/<kind>`` (where ``factor diagnose`` with the same plan
     leaves them)."""
+    from factor_cli.diagnostics.feedback_probe import feedback_estimates
+    from factor_cli.diagnostics.replay import McPlan
+    from factor_cli.diagnostics.token_perturb import perturb_estimates
     from factor_cli.stats import diagnose as d
-    from factor_cli.train.feedback_probe import feedback_estimates
-    from factor_cli.train.replay import McPlan
-    from factor_cli.train.token_perturb import perturb_estimates
 
     kinds = {"feedback": (feedback_estimates, d.feedback_concentration),
              "token-perturb": (perturb_estimates, d.token_perturb)}  # fmt: skip

@@ -127,9 +127,21 @@ and ``stats`` only ``registry``: the tests above)."""
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "__main__": frozenset({"cli"}),
     "cli": frozenset(
-        {"studies", "train", "rollout", "policy", "envs", "credit", "stats", "ledger", "splits"}
+        {
+            "studies",
+            "diagnostics",
+            "train",
+            "rollout",
+            "policy",
+            "envs",
+            "credit",
+            "stats",
+            "ledger",
+            "splits",
+        }
     ),
     "studies": frozenset({"train", "envs", "ledger", "stats"}),
+    "diagnostics": frozenset({"train", "rollout", "policy", "envs", "credit", "stats", "ledger"}),
     "train": frozenset({"rollout", "policy", "envs", "credit", "stats", "ledger", "splits"}),
     "rollout": frozenset({"policy", "envs", "credit", "ledger"}),
     "policy": frozenset({"envs"}),
@@ -140,9 +152,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "stats": frozenset(),
 }
 """Which sub-package may import which (besides :data:`UTILITIES` and itself). The order of
-docs/design.md section 2.2 is cli > studies > train > rollout > policy > envs > credit, with
-ledger, stats and splits beside them; the edges that do not point down that order are in
-:data:`SIDEWAYS`."""
+docs/design.md section 2.2 is cli > studies, diagnostics > train > rollout > policy > envs >
+credit, with ledger, stats and splits beside them; the edges that do not point down that order
+are in :data:`SIDEWAYS`."""
 
 SIDEWAYS: dict[tuple[str, str], str] = {
     ("policy", "envs"): "the tiny model's tokenizer is trained on environment text "

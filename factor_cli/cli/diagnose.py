@@ -60,7 +60,7 @@ def _replaying(
     samples: int | None = None,
 ) -> Kind:
     """A kind that replays kept checkpoints: ``estimates`` (``module:function`` of
-    :mod:`factor_cli.train`, imported when run) under a progress bar, its rows cached in
+    :mod:`factor_cli.diagnostics`, imported when run) under a progress bar, its rows cached in
     ``--out/folder``, then the tables ``table(rows, records)`` (the rows kept as ``_rows`` for
     the plot)."""
 
@@ -69,10 +69,10 @@ def _replaying(
 
         from rich.progress import Progress
 
-        from factor_cli.train.replay import McPlan
+        from factor_cli.diagnostics.replay import McPlan
 
         module, fn = estimates.split(":")
-        estimate = getattr(importlib.import_module(f"factor_cli.train.{module}"), fn)
+        estimate = getattr(importlib.import_module(f"factor_cli.diagnostics.{module}"), fn)
         plan = McPlan(samples=samples or mc.samples, actions=mc.actions, seed=mc.seed)
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task(name, total=None)

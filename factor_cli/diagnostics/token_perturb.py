@@ -113,8 +113,7 @@ def _play_out(step: Any, k: int, method: str, plan: McPlan, on_turn: Any) -> pd.
     """Each drawn action's perturbations and the recorded action played out with the replay's
     backend, as :func:`perturb_rows` says."""
     from factor_cli.envs.pool import EnvPool
-
-    from .prompts import prompt_format
+    from factor_cli.train.prompts import prompt_format
 
     cfg = step.cfg
     horizon, temp = cfg.continuations.horizon, cfg.continuations.temperature

@@ -110,8 +110,7 @@ def replay_trajectories(
     """Each (instance, group, actions) played again by its script, scored by ``backend``
     (the checkpoint policy's); None where the replay did not retrace the recorded actions."""
     from factor_cli.envs.pool import EnvPool
-
-    from .prompts import prompt_format
+    from factor_cli.train.prompts import prompt_format
 
     script = {reply_seed(SCRIPT_SEED, e, t): a
               for e, (_, _, acts) in enumerate(plays) for t, a in enumerate(acts)}  # fmt: skip
@@ -176,7 +175,7 @@ def replay_step(
 ) -> ReplayedStep:
     """The trajectories of the actions :func:`.replay.draw_actions` draws from one step,
     replayed by script under the policy of checkpoint k - 1."""
-    from .generation import make_backend
+    from factor_cli.train.generation import make_backend
 
     k = int(step_actions["step"].iloc[0])
     chosen = draw_actions(step_actions, plan)
@@ -212,7 +211,7 @@ def allocation_weights(
     """Per feedback condition: the packed batch of the replayed episodes (with that
     condition's teacher log-probs) and the method's allocation omega [N_tok] on it, under the
     recorded credit and the step's strength."""
-    from .prompts import prompt_format
+    from factor_cli.train.prompts import prompt_format
 
     scorer = step.backend
     alloc = ALLOCATIONS.get(METHODS.get(method).allocation)

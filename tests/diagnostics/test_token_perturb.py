@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
+from factor_cli.diagnostics.token_perturb import perturb, quartile_positions
 from factor_cli.stats.diagnose import token_perturb
-from factor_cli.train.token_perturb import perturb, quartile_positions
 
 
 def test_quartiles_take_ceil_quarter_highest_and_lowest() -> None:

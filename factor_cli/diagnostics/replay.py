@@ -28,9 +28,8 @@ import torch
 
 from factor_cli.rollout.continuations import HORIZON, TEMPERATURE, outcome_of
 from factor_cli.rollout.runner import Episode, Job, RolloutRunner, Start
-
-from . import checkpoint
-from .config import TrainConfig
+from factor_cli.train import checkpoint
+from factor_cli.train.config import TrainConfig
 
 POLICY_TAG = "engine"  # the policy engine's folder in a checkpoint (:class:`.engine.Engine`)
 MC_COLUMNS = ("step", "traj", "turn", "samples", "mc_seed", "q", "v", "mc", "failed",
@@ -117,9 +116,8 @@ def mc_advantages(
     """A^MC_t (module docstring) of each ``chosen`` action, one row each (:data:`MC_COLUMNS`):
     ``step_actions`` are all the step's records (for the trajectories' action strings)."""
     from factor_cli.envs.pool import EnvPool
-
-    from .generation import make_backend
-    from .prompts import prompt_format
+    from factor_cli.train.generation import make_backend
+    from factor_cli.train.prompts import prompt_format
 
     plays = {
         traj: rows.sort_values("turn")["action"].astype(str).tolist()
