@@ -19,3 +19,8 @@ VALUE_EPOCHS = 1
 """Passes over the replay buffer per training step."""
 VALUE_BATCH_SIZE = 256
 """Mini-batch size of the value regression."""
+VALUE_WARMUP_ROLLOUTS = 0
+"""Rollouts of the starting policy whose continuation targets fit the head before the first
+policy update (0: none; the paper trains the head during its first W credit warm-up steps)."""
+VALUE_WARMUP_EPOCHS = 8
+"""Passes over the warm-up targets."""

@@ -304,6 +304,17 @@ class ValueConfig(Strict):
     batch_size: int = Field(
         value_defaults.VALUE_BATCH_SIZE, ge=1, description="Value-head minibatch size."
     )
+    warmup_rollouts: int = Field(
+        value_defaults.VALUE_WARMUP_ROLLOUTS,
+        ge=0,
+        description="Value warm-up: rollouts of the starting policy, each with its continuations, "
+        "whose targets fit the head before the first policy update; the target head then "
+        "starts as the fitted online head. 0: none (the paper's head learns during its credit "
+        "warm-up steps). Methods without a value head ignore it.",
+    )
+    warmup_epochs: int = Field(
+        value_defaults.VALUE_WARMUP_EPOCHS, ge=1, description="Passes over the warm-up targets."
+    )
 
 
 class OptimConfig(Strict):

@@ -297,6 +297,13 @@ def _train_steps(ctx: _Ctx, stop_after: int | None) -> dict[str, float]:
     cfg, trainer, run, run_dir, ranks = ctx.cfg, ctx.trainer, ctx.run, ctx.run_dir, ctx.ranks
     total = cfg.total_steps
     metrics: dict[str, float] = {}
+    if trainer.step == 0:  # a resumed run has its value head back from the checkpoint
+        warm = trainer.value_warmup()
+        if warm:
+            run.log_metrics(warm, step=0)
+            n, mse, secs = (warm[k] for k in ("value_warmup_targets", "value_warmup_mse",
+                                              "time_value_warmup"))  # fmt: skip
+            ctx.log(f"value warm-up: {n:.0f} targets, mse {mse:.3f}, {secs:.0f} s")
     while trainer.step < total:
         result = trainer.train_step()
         metrics = result.metrics

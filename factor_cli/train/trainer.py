@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,6 +264,39 @@ class Trainer:
                 self.heads.update()
                 out["td_sign_agreement"] = self._sign_agreement(rollout.roots, feats, cont)
         return ValueFit(self.heads.values(feats), out)
+
+    def value_warmup(self) -> dict[str, float]:
+        """The value warm-up (``value.warmup_rollouts`` = R): before the first policy update, R
+        rollouts of the starting policy with their continuations (streams of steps -1..-R, so no
+        training step's draws repeat) fill the replay buffer as step 0; the online head fits
+        them for ``value.warmup_epochs`` passes and the target head is set to it (no Polyak lag
+        behind a random init). The policy does not move. Returns the warm-up's metrics ({} when
+        there is none)."""
+        rollouts = self.cfg.value.warmup_rollouts
+        if not rollouts or not (self.spec.uses_value_head and self.spec.continuations):
+            return {}
+        t0, targets = time.perf_counter(), 0
+        for j in range(1, rollouts + 1):
+            rollout = self.phase_rollout(-j)
+            feats = self.phase_features(rollout)
+            cont = self.phase_continuations(rollout)
+            self.phase_refresh(rollout)  # nothing moved; frees the rollout's prefix cache
+            if feats is None or cont is None or not cont.episodes:
+                continue
+            x, y = value_training_pairs(feats, rollout.roots, cont)
+            self.buffer.add(0, x, y)
+            targets += len(y)
+            self.progress("value warm-up", j, rollouts)
+        if not targets:
+            return {}
+        gen = stream_generator(self.cfg.seed, 0, "value")
+        v = self.cfg.value
+        mse = fit_value_head(
+            self.heads.online, self.buffer, self.value_opt, v.warmup_epochs, v.batch_size, gen
+        )
+        self.heads.target.load_state_dict(self.heads.online.state_dict())
+        return {"value_warmup_targets": float(targets), "value_warmup_mse": mse,
+                "time_value_warmup": time.perf_counter() - t0}  # fmt: skip
 
     def _sign_agreement(
         self, roots: list[Episode], feats: torch.Tensor, cont: ContinuationResult
