@@ -102,6 +102,22 @@ def td_oracle(rewards, values, traj_index, v0) -> list[float]:
     return out
 
 
+def mc_values_oracle(returns, state_index, traj_index, v0) -> list[float]:
+    """VinePPO's V-hat(x_t) on the boundary conventions: v0 at t = 0; for 0 < t < T the mean
+    return of the continuations started from x_t, or, with none, V-hat of the state before."""
+    out = [0.0] * len(traj_index)
+    for i, idx in segments(traj_index.tolist()).items():
+        for t, a in enumerate(idx):
+            rs = [float(r) for r, s in zip(returns, state_index.tolist()) if s == a]
+            if t == 0:
+                out[a] = float(v0[i])
+            elif rs:
+                out[a] = sum(rs) / len(rs)
+            else:
+                out[a] = out[idx[t - 1]]
+    return out
+
+
 def n_step_oracle(rewards, values, traj_index, v0, n) -> list[float]:
     out = [0.0] * len(rewards)
     for i, idx in segments(traj_index.tolist()).items():

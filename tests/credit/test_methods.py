@@ -45,6 +45,8 @@ PAPER_METHODS = [
     "gae-0.9",
     "gae-0.95",
     "mc",
+    "vineppo",
+    "factor-mc",
 ]
 
 
@@ -87,13 +89,16 @@ CONSERVING = [
     "token-shuffled",
     "credit-shuffled",
     "tac-serl-psi",
+    "vineppo",
+    "factor-mc",
 ]
 
 
 @pytest.mark.parametrize("method", CONSERVING)
 @pytest.mark.parametrize("convention", ["leave-one-out", "group-standardize", "raw"])
 def test_property_conservation_per_method(method: str, convention: str) -> None:
-    """Property 1 for TAC, uniform credit and CreditShuffled, after warm-up and during it."""
+    """Property 1 for TAC (on the value head's or Monte-Carlo values), uniform credit and
+    CreditShuffled, after warm-up and during it."""
     batch = packed(3, convention)
     for step in (5, 20):
         out = assign_credit(batch, method, step, generator=torch.Generator().manual_seed(0))
