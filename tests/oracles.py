@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from factor_cli.credit import PackedBatch
+
 
 @dataclass
 class RandomBatch:
@@ -69,6 +71,21 @@ def random_batch(
         logp=logp_old + torch.randn(n_tok, generator=g, dtype=dtype) * 0.3,
         logp_old=logp_old,
         state_key=torch.randint(0, 3, (n_act,), generator=g),
+    )
+
+
+def as_packed(b: RandomBatch, convention: str = "leave-one-out") -> PackedBatch:
+    """``b`` as the credit core's packed batch (teacher log-probs logp_old + gap)."""
+    return PackedBatch(
+        action_index=b.action_index,
+        logp_old=b.logp_old,
+        traj_index=b.traj_index,
+        group_index=b.group_index,
+        outcome=b.outcome,
+        convention=convention,
+        logp_teacher=b.logp_old + b.gap,
+        values=b.values,
+        state_key=b.state_key,
     )
 
 

@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracles import (
+    as_packed,
     loo_oracle,
     mc_values_oracle,
     random_batch,
@@ -78,16 +79,7 @@ def packed_with_mc_values(seed: int, convention: str) -> tuple[PackedBatch, list
     returns, state_index = random_continuations(b.traj_index.numel(), seed + 1)
     v0_t = CONVENTIONS.get(convention)(b.outcome, b.group_index).v0
     values, _ = monte_carlo_values(returns, state_index, b.traj_index, v0_t)
-    batch = PackedBatch(
-        action_index=b.action_index,
-        logp_old=b.logp_old,
-        traj_index=b.traj_index,
-        group_index=b.group_index,
-        outcome=b.outcome,
-        convention=convention,
-        logp_teacher=b.logp_old + b.gap,
-        values=values,
-    )
+    batch = dataclasses.replace(as_packed(b, convention), values=values)
     return batch, mc_values_oracle(returns, state_index, b.traj_index, v0)
 
 

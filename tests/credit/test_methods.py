@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 import torch
-from oracles import random_batch
+from oracles import as_packed, random_batch
 
 from factor_cli.credit import (
     ESTIMATORS,
@@ -52,18 +52,8 @@ PAPER_METHODS = [
 
 def packed(seed: int = 0, convention: str = "leave-one-out") -> PackedBatch:
     b = random_batch(seed)
-    return PackedBatch(
-        action_index=b.action_index,
-        logp_old=b.logp_old,
-        traj_index=b.traj_index,
-        group_index=b.group_index,
-        outcome=b.outcome,
-        convention=convention,
-        logp_teacher=b.logp_old + b.gap,
-        values=b.values,
-        state_key=b.state_key,
-        token_values=b.gap / 3,  # the PPO critic's V before each token
-    )
+    # token_values: the PPO critic's V before each token.
+    return dataclasses.replace(as_packed(b, convention), token_values=b.gap / 3)
 
 
 def test_registry_holds_exactly_the_paper_methods() -> None:
