@@ -242,7 +242,7 @@ class Trainer:
 
     def phase_features(self, rollout: Rollout) -> torch.Tensor | None:
         """The value head's feature of every root state (packing order); None without a head."""
-        if not self.spec.uses_value_head:  # GRPO, SERL, GiGPO, mc: no value head to feed
+        if not self.spec.uses_value_head:  # GRPO, SERL, GiGPO, mc, vineppo: no head to feed
             return None
         prompts = [t.prompt_ids for e in rollout.roots for t in e.turns]
         return boundary_features(rollout.session.scorer, prompts)
