@@ -17,6 +17,11 @@ FACTOR's continuations play inside the rollout phase, so its ``rollout`` column 
 ``continuations`` reads 0; ``--set continuations.overlap=false`` times them apart. The smoke
 preset has M = 2 continuations per checkpoint; issue 14's FACTOR / SERL target is stated at
 B = 2, M = 4: ``--set continuations.per_checkpoint=4``.
+
+``--methods factor,vineppo`` times VinePPO's Monte-Carlo values (K = ``continuations.per_state``
+continuations from every interior state, no value head) against FACTOR's value head (B x M
+continuations per root) side by side (issue 37). The last lines give every method's medians as
+multiples of the first method's: under load only these ratios within one run mean anything.
 """
 
 from __future__ import annotations
@@ -111,7 +116,9 @@ def main() -> None:
     medians = [median_row(rows) for rows in per_step.values()]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if args.json:
-        print(json.dumps({"median": medians, "steps": per_step, "peak_rss_mib": peak}, indent=1))
+        rel = {r["method"]: ratios(r, medians[0]) for r in medians[1:]}
+        out = {"median": medians, "ratios_to_first": rel, "steps": per_step, "peak_rss_mib": peak}
+        print(json.dumps(out, indent=1))
         return
     print(
         f"{'method':12s} {'step':>7s} "
@@ -127,6 +134,23 @@ def main() -> None:
             + f"  {r['generated_tokens']:.0f}"
         )
     print(f"medians over {medians[0]['steps']} steps per method; peak RSS {peak:.0f} MiB")
+    for r in medians[1:]:
+        print(f"{r['method']} / {medians[0]['method']}: " + ratio_line(r, medians[0]))
+
+
+RATIOS = ("step_s", "rollout", "update", "interactions", "generated_tokens")
+"""Compared between methods (not ``continuations``: with overlap it is ~0 s, inside rollout)."""
+
+
+def ratios(row: dict[str, Any], base: dict[str, Any]) -> dict[str, float | None]:
+    """``row``'s medians as multiples of ``base``'s (None where the base's is 0)."""
+    return {k: row[k] / base[k] if base[k] else None for k in RATIOS}
+
+
+def ratio_line(row: dict[str, Any], base: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{k} {v:.2f}x" if v is not None else f"{k} n/a" for k, v in ratios(row, base).items()
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from factor_cli.credit import PackedBatch
+
 
 @dataclass
 class RandomBatch:
@@ -72,6 +74,21 @@ def random_batch(
     )
 
 
+def as_packed(b: RandomBatch, convention: str = "leave-one-out") -> PackedBatch:
+    """``b`` as the credit core's packed batch (teacher log-probs logp_old + gap)."""
+    return PackedBatch(
+        action_index=b.action_index,
+        logp_old=b.logp_old,
+        traj_index=b.traj_index,
+        group_index=b.group_index,
+        outcome=b.outcome,
+        convention=convention,
+        logp_teacher=b.logp_old + b.gap,
+        values=b.values,
+        state_key=b.state_key,
+    )
+
+
 def segments(index: list[int]) -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
     for pos, s in enumerate(index):
@@ -99,6 +116,22 @@ def td_oracle(rewards, values, traj_index, v0) -> list[float]:
                 + potential(vals, float(v0[i]), t + 1, T)
                 - potential(vals, float(v0[i]), t, T)
             )
+    return out
+
+
+def mc_values_oracle(returns, state_index, traj_index, v0) -> list[float]:
+    """VinePPO's V-hat(x_t) on the boundary conventions: v0 at t = 0; for 0 < t < T the mean
+    return of the continuations started from x_t, or, with none, V-hat of the state before."""
+    out = [0.0] * len(traj_index)
+    for i, idx in segments(traj_index.tolist()).items():
+        for t, a in enumerate(idx):
+            rs = [float(r) for r, s in zip(returns, state_index.tolist()) if s == a]
+            if t == 0:
+                out[a] = float(v0[i])
+            elif rs:
+                out[a] = sum(rs) / len(rs)
+            else:
+                out[a] = out[idx[t - 1]]
     return out
 
 

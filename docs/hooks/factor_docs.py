@@ -157,7 +157,7 @@ def methods_table() -> str:
                 f"`{s.allocation}`",
                 s.schedule,
                 "yes" if s.kl else "-",
-                "yes" if s.continuations else "-",
+                s.continuation_use,
                 f"`{s.reduction}`" if s.reduction else "protocol",
                 _cell(s.summary),
             ]

@@ -166,12 +166,16 @@ def methods_cmd() -> None:
             s.allocation,
             s.schedule,
             "yes" if s.kl else "-",
-            "yes" if s.continuations else "-",
+            s.continuation_use,
             s.reduction or "protocol",
         ]
         table.add_row(*row, *([s.summary] if wide else []))
     console.print(table)
-    console.print("sched.: the allocation strength schedule (eta_k, alpha_k or none)", style="dim")
+    console.print(
+        "sched.: the allocation strength schedule (eta_k, alpha_k or none); cont.: what "
+        "continuations feed (head: the value head's targets; mc: the values themselves)",
+        style="dim",
+    )
     est = _compact_table("Credit estimators")
     est.add_column("name", no_wrap=True, style="bold")
     for col in ("value head", "conserves A^seq", "summary"):

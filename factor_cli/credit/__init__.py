@@ -6,6 +6,7 @@ Public entry points (shapes use N_tok tokens, N_act actions, N_traj trajectories
     allocation(gap, action_index, credit, eta, tau=1.0, d=3.0) -> omega[N_tok]
     serl_weights(gap, action_index, advantage, alpha, clip=0.2) -> w[N_tok]
     policy_loss(logp, logp_old, coef, action_index, reduction, clip_eps=0.2) -> scalar
+    monte_carlo_values(returns, state_index, traj_index, v0) -> (V-hat[N_act], K_t[N_act])
     assign_credit(batch, method, step, cfg) -> CreditAssignment   (any method by name)
 
 Names are re-exported lazily (PEP 562): importing one submodule, e.g. ``credit.config`` for
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
         objective,
         policy_loss,
     )
+    from .mc_values import monte_carlo_values
     from .methods import METHODS, CreditAssignment, MethodSpec, assign_credit
     from .ppo import TOKEN_ESTIMATORS, TokenGAE, token_gae, value_loss, whiten
     from .schedules import alpha_schedule, eta_schedule, in_warmup
@@ -105,6 +107,7 @@ _EXPORTS = {
     "non_action_loss": "losses",
     "objective": "losses",
     "policy_loss": "losses",
+    "monte_carlo_values": "mc_values",
     "CreditAssignment": "methods",
     "METHODS": "methods",
     "MethodSpec": "methods",
@@ -170,6 +173,7 @@ __all__ = [
     "in_warmup",
     "leave_one_out",
     "length_bias_table",
+    "monte_carlo_values",
     "non_action_loss",
     "objective",
     "policy_loss",

@@ -25,6 +25,8 @@ from .schedules import alpha_schedule, eta_schedule, in_warmup, kl_schedule
 from .segments import segment_mean
 
 SCHEDULES = ("eta", "alpha", "none")
+VALUE_SOURCES = ("head", "mc")
+"""Where V~(x_t), 0 < t < T, comes from (``MethodSpec.values``)."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,8 @@ class MethodSpec:
     kl: bool
     """Adds SERL's action-only KL with lambda_k = alpha_k."""
     continuations: bool
-    """Runs continuations and trains the value head (FACTOR's budget)."""
+    """Runs continuations: FACTOR's budget (B checkpoints x M per root) feeding the value head,
+    or, with ``values="mc"``, K continuations from every interior state."""
     summary: str
     reduction: str | None = None
     """Forced reduction; None follows the protocol's configured reduction."""
@@ -51,6 +54,10 @@ class MethodSpec:
     critic: bool = False
     """Trains a learned critic and takes token-level credit from it: ``estimator`` then names a
     ``TOKEN_ESTIMATORS`` entry (PPO's token GAE), not an ``ESTIMATORS`` one."""
+    values: str = "head"
+    """Where V~(x_t), 0 < t < T, comes from (``VALUE_SOURCES``): "head", the target value head
+    (trained on continuation targets when the method has continuations), or "mc", the mean
+    return of the K continuations from x_t (VinePPO; ``monte_carlo_values``; no value head)."""
 
     @property
     def uses_teacher(self) -> bool:
@@ -62,7 +69,14 @@ class MethodSpec:
         """FACTOR's value head (continuation targets); a critic method has its own critic."""
         if self.critic:
             return self.continuations
+        if self.values == "mc":
+            return False
         return self.continuations or ESTIMATORS.get(self.estimator).uses_values
+
+    @property
+    def continuation_use(self) -> str:
+        """What continuations feed: "head" (value-head targets), "mc" (the values) or "-"."""
+        return self.values if self.continuations else "-"
 
 
 METHODS: Registry[MethodSpec] = Registry("method")
@@ -77,6 +91,15 @@ def _add(spec: MethodSpec) -> None:
         raise ValueError(f"schedule {spec.schedule!r} not in {SCHEDULES}")
     if spec.reduction is not None:
         REDUCTIONS.get(spec.reduction)
+    if spec.values not in VALUE_SOURCES:
+        raise ValueError(f"values {spec.values!r} not in {VALUE_SOURCES}")
+    if spec.values == "mc" and not (
+        spec.continuations and not spec.critic and ESTIMATORS.get(spec.estimator).uses_values
+    ):
+        raise ValueError(
+            f"method {spec.name!r}: Monte-Carlo values need continuations and an estimator "
+            "that reads values"
+        )
     METHODS.add(spec.name, spec)
 
 
@@ -205,6 +228,24 @@ for _spec in (
         continuations=False,
         summary="FACTOR with Monte-Carlo credit (no value head)",
     ),
+    MethodSpec(
+        "vineppo",
+        "td",
+        "uniform",
+        "none",
+        kl=False,
+        continuations=True,
+        values="mc",
+        reduction="action-mean",
+        summary="VinePPO: TD credit on Monte-Carlo values (K continuations per state), action-mean",
+    ),
+    replace(
+        _FACTOR,
+        name="factor-mc",
+        values="mc",
+        warmup=False,
+        summary="FACTOR with TAC reading VinePPO's Monte-Carlo values (no value head)",
+    ),
 ):
     _add(_spec)
 
@@ -266,7 +307,8 @@ def assign_credit(
     warm = spec.warmup and estimator.uses_values and in_warmup(step, cfg)
     if estimator.uses_values and not warm and batch.values is None:
         raise ValueError(
-            f"values is missing: method {method!r} ({spec.estimator} credit) needs the value head"
+            f"values is missing: method {method!r} ({spec.estimator} credit) needs "
+            + ("the value head" if spec.values == "head" else "the Monte-Carlo values")
         )
     values = batch.values if batch.values is not None else torch.zeros_like(rewards)
     inp = CreditInputs(

@@ -23,15 +23,22 @@ def _validate(rewards: Tensor, values: Tensor, traj_index: Tensor, v0: Tensor) -
     checks.non_empty("rewards", rewards)
     checks.vector("values", values)
     checks.same_length("values", values, rewards.numel(), "action")
+    return validate_layout(traj_index, v0, rewards.numel())
+
+
+def validate_layout(traj_index: Tensor, v0: Tensor, num_actions: int) -> Tensor:
+    """Check v0[N_traj] and traj_index[N_act] (every trajectory present, contiguous); returns
+    traj_index as int64."""
     checks.vector("v0", v0)
     checks.non_empty("v0", v0)
-    traj_index = checks.index("traj_index", traj_index, v0.numel(), length=rewards.numel())
+    traj_index = checks.index("traj_index", traj_index, v0.numel(), length=num_actions)
     checks.every_segment_present("traj_index", segment_count(traj_index, v0.numel()), "trajectory")
     checks.contiguous("traj_index", traj_index, v0.numel())
     return traj_index
 
 
-def _first_last(traj_index: Tensor) -> tuple[Tensor, Tensor]:
+def first_last(traj_index: Tensor) -> tuple[Tensor, Tensor]:
+    """(is_first, is_last)[N_act]: whether each action opens / closes its trajectory."""
     is_first = torch.ones_like(traj_index, dtype=torch.bool)
     is_first[1:] = traj_index[1:] != traj_index[:-1]
     is_last = torch.ones_like(traj_index, dtype=torch.bool)
@@ -41,7 +48,7 @@ def _first_last(traj_index: Tensor) -> tuple[Tensor, Tensor]:
 
 def boundary_potential(values: Tensor, traj_index: Tensor, v0: Tensor) -> tuple[Tensor, Tensor]:
     """(V~(x_t), V~(x_{t+1})) for every action, both shape [N_act]."""
-    is_first, is_last = _first_last(traj_index)
+    is_first, is_last = first_last(traj_index)
     v_now = torch.where(is_first, v0.to(values.dtype)[traj_index], values)
     v_next = torch.zeros_like(v_now)
     v_next[:-1] = v_now[1:]

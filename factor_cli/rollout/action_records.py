@@ -11,7 +11,8 @@ Action columns (one row per action t of root trajectory i, packing order):
     step, traj, group, instance, turn (t), turns (T_i), action (a_t's text, which restores
     x_{t+1} by replay), length (L_t), valid,
     outcome (G_i), success, a_seq (A^seq_i), v0 (V~(x_0)), credit (A_t, the method's),
-    value (V_target(x_t); empty without a value head), wbar (w-bar_t = mean_j w_{t,j}),
+    value (the V(x_t) credit read: V_target, or the Monte-Carlo V-hat of vineppo and factor-mc;
+    empty for a method that reads neither), wbar (w-bar_t = mean_j w_{t,j}),
     top_mass (the allocation's top-quartile share, :func:`~factor_cli.credit.top_quartile_mass`),
     strength (eta_k or alpha_k of the step: 0 while the teacher is off)
 

@@ -11,6 +11,9 @@ Checkpoint rule (``support``; the state x_t is the one before action t, t = 0..T
   credit never uses (it still trains the shared head). For T >= 4, {1..T-1} is split into B
   contiguous chunks (numpy.array_split's rule; for B = 2: {1..floor(T/2)} and the rest), one
   draw from each; for 2 <= T < 4 the midpoint floor(T/2); for T = 1 none.
+* ``every``: every state whose value credit reads, t in {1, ..., T-1}, whatever B (VinePPO's
+  coverage: the methods whose values are the continuations' mean returns, ``vineppo`` and
+  ``factor-mc``, choose it, with K = ``PER_STATE`` continuations per state; not a config choice).
 
 What each costs: ``paper`` spends a fraction 1/floor(T/2) of the first chunk's draws (for
 B = 2, T >= 4) and every T = 1 trajectory's budget on x_0, so fewer Monte-Carlo targets land on
@@ -49,9 +52,13 @@ TEMPERATURE = 1.0
 """Sampling temperature of the frozen behaviour policy during continuations."""
 OVERLAP = True
 """Play each root's continuations as soon as it ends, alongside the other roots."""
-SUPPORTS = ("paper", "interior")
+PER_STATE = 9
+"""K: continuations from every interior state for Monte-Carlo values (VinePPO's K = 9)."""
+SUPPORTS = ("paper", "interior", "every")
 SUPPORT = "paper"
 """Which states checkpoints are drawn from (module docstring): the paper's rule by default."""
+TURN_STRIDE = 1 << 16
+"""Under ``every``, checkpoint turn t of a root seeds its own stream slot: turns stay below it."""
 
 
 def select_checkpoints(
@@ -63,6 +70,8 @@ def select_checkpoints(
     t_total = num_actions
     if support == "paper":
         return _paper_checkpoints(t_total, budget, rng)
+    if support == "every":
+        return list(range(1, t_total))
     if t_total < 2 or budget < 1:
         return []
     if t_total < 4:
@@ -117,7 +126,9 @@ class ContinuationResult:
 class ContinuationPlan:
     """Which continuations a root trajectory gets, and how they sample: the checkpoints of
     root ``key`` are drawn from a stream of its own, seeded by (seed, key), and continuation m
-    of its checkpoint j samples from reply stream (seed, (key * B + j) * M + m). A root's
+    of its checkpoint j samples from reply stream (seed, (key * B + j) * M + m) (under the
+    ``every`` support, which has up to T - 1 checkpoints whatever B, (key * 2^16 + j) * M + m,
+    with M the plan's ``per_checkpoint``: K for Monte-Carlo values). A root's
     continuations therefore depend on that root alone, so they can start as soon as it ends,
     alongside the roots still running (``continuations.overlap``), or after every root has
     ended, and be the same episodes."""
@@ -139,6 +150,10 @@ class ContinuationPlan:
     def jobs(self, key: int, root: Episode) -> list[Job]:
         """M continuation jobs per checkpoint of root ``key``, in checkpoint order."""
         prefix, m = len(root.start.prefix_actions), self.per_checkpoint
+        stride = TURN_STRIDE if self.support == "every" else self.budget
+        turns = self.turns(key, root)
+        if len(turns) > stride:
+            raise ValueError(f"root {key}: {len(turns)} checkpoints exceed the stride {stride}")
         return [
             Job(
                 Start(
@@ -148,12 +163,12 @@ class ContinuationPlan:
                     prefix_observations=root.observations[: prefix + t + 1],
                     max_turns=self.horizon,
                 ),
-                key=(key * self.budget + j) * m + i,
+                key=(key * stride + j) * m + i,
                 seed=self.seed,
                 temperature=self.temperature,
                 scored=False,  # the teacher and the value head read the roots' prompts only
             )
-            for j, t in enumerate(self.turns(key, root))
+            for j, t in enumerate(turns)
             for i in range(m)
         ]
 

@@ -268,6 +268,13 @@ class ContinuationConfig(Strict):
     per_checkpoint: int = Field(
         continuations.PER_CHECKPOINT, ge=1, description="M: continuations per checkpoint."
     )
+    per_state: int = Field(
+        continuations.PER_STATE,
+        ge=1,
+        description="K: continuations from every state x_t, 0 < t < T, for the methods whose "
+        "values are their mean returns (vineppo, factor-mc; VinePPO's K = 9); B, M and support "
+        "are FACTOR's value-head budget and do not apply to them.",
+    )
     horizon: int = Field(continuations.HORIZON, ge=1, description="Maximum continuation turns.")
     temperature: float = Field(
         continuations.TEMPERATURE, gt=0, description="Continuation sampling temperature."

@@ -73,8 +73,9 @@ class Rollout:
 
 @dataclass(frozen=True)
 class ValueFit:
-    """V_target(x_t) of every root state after this step's value update (None without a value
-    head), and the fit's metrics."""
+    """The V(x_t) credit reads at every root state: V_target after this step's value update,
+    or for Monte-Carlo methods the continuations' mean return V-hat (None for a method that
+    reads neither), and the fit's (or the Monte-Carlo estimate's) metrics."""
 
     values: torch.Tensor | None
     metrics: dict[str, float] = field(default_factory=dict)

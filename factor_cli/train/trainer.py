@@ -50,7 +50,11 @@ from factor_cli.rollout.continuations import (
 from factor_cli.rollout.packing import RolloutBatch, pack_episodes
 from factor_cli.rollout.runner import Episode, Job, RolloutRunner, Start
 from factor_cli.rollout.teacher import teacher_logprobs, teacher_prompt_texts
-from factor_cli.rollout.values import boundary_features, value_training_pairs
+from factor_cli.rollout.values import (
+    boundary_features,
+    monte_carlo_state_values,
+    value_training_pairs,
+)
 
 from . import checkpoint
 from .config import ConfigError, TrainConfig
@@ -87,8 +91,9 @@ def ensure_model(cfg: TrainConfig) -> str:
 @dataclass
 class StepRecord:
     """What one step played and computed, for its transcripts and diagnostic records: the root
-    episodes (in packing order), the packed batch, the method's credit, V_target(x_t) per action
-    (None when the method has no value head), and the continuations (None without them)."""
+    episodes (in packing order), the packed batch, the method's credit, the V(x_t) per action
+    credit read (V_target, or the Monte-Carlo V-hat; None when the method reads none), and the
+    continuations (None without them)."""
 
     roots: list[Episode]
     batch: RolloutBatch
@@ -148,7 +153,9 @@ class Trainer:
         self.buffer = ValueReplayBuffer(cfg.value.replay_steps)
         self.train_pool = instances(cfg, "train")
         n_root = cfg.rollout.groups * cfg.rollout.k
-        n_cont = n_root * cfg.continuations.budget * cfg.continuations.per_checkpoint
+        # B checkpoints' worth of continuations per root at once (a Monte-Carlo method's plan
+        # has up to T - 1; the rest wait for a free slot: the episodes do not depend on it).
+        n_cont = n_root * cfg.continuations.budget * self._plan(1).per_checkpoint
         if not self.spec.continuations:
             n_cont = 0
         # Overlapped, the continuations of the first roots to end play beside the last roots.
@@ -198,8 +205,12 @@ class Trainer:
         )
 
     def _plan(self, k: int) -> ContinuationPlan:
+        """Step k's continuations: FACTOR's B checkpoints x M per root, or for Monte-Carlo
+        values (``MethodSpec.values``) K from every interior state."""
         c = self.cfg.continuations
         seed = stream_seed(self.cfg.seed, k, "continuations")
+        if self.spec.values == "mc":
+            return ContinuationPlan(c.budget, c.per_state, c.horizon, c.temperature, seed, "every")
         return ContinuationPlan(
             c.budget, c.per_checkpoint, c.horizon, c.temperature, seed, c.support
         )
@@ -232,7 +243,7 @@ class Trainer:
 
     def phase_features(self, rollout: Rollout) -> torch.Tensor | None:
         """The value head's feature of every root state (packing order); None without a head."""
-        if not self.spec.uses_value_head:  # GRPO, SERL, GiGPO, mc: no value head to feed
+        if not self.spec.uses_value_head:  # GRPO, SERL, GiGPO, mc, vineppo: no head to feed
             return None
         prompts = [t.prompt_ids for e in rollout.roots for t in e.turns]
         return boundary_features(rollout.session.scorer, prompts)
@@ -241,7 +252,10 @@ class Trainer:
         self, rollout: Rollout, cont: ContinuationResult | None, feats: torch.Tensor | None
     ) -> ValueFit:
         """Fit the online head on the replay buffer, update the target, and read V_target
-        (after this step's value update and EMA) at the root states' features ``feats``."""
+        (after this step's value update and EMA) at the root states' features ``feats``; for
+        Monte-Carlo values, the continuations' mean return at each state instead."""
+        if self.spec.values == "mc":
+            return self._monte_carlo_values(rollout, cont)
         if feats is None:
             return ValueFit(None)
         out: dict[str, float] = {}
@@ -297,6 +311,21 @@ class Trainer:
         self.heads.target.load_state_dict(self.heads.online.state_dict())
         return {"value_warmup_targets": float(targets), "value_warmup_mse": mse,
                 "time_value_warmup": time.perf_counter() - t0}  # fmt: skip
+
+    def _monte_carlo_values(self, rollout: Rollout, cont: ContinuationResult | None) -> ValueFit:
+        """V-hat(x_t) of every root state (VinePPO's values, no value head), and how many
+        interior states no continuation estimated (they take the state before's value)."""
+        if cont is None:
+            raise RuntimeError(f"method {self.cfg.method!r}: Monte-Carlo values need continuations")
+        values, counts = monte_carlo_state_values(rollout.roots, cont, self._convention())
+        interior = sum(len(e.turns) - 1 for e in rollout.roots)
+        return ValueFit(
+            values.float(),
+            {
+                "mc_states": float(interior),
+                "mc_states_unestimated": float(interior - int((counts > 0).sum())),
+            },
+        )
 
     def _sign_agreement(
         self, roots: list[Episode], feats: torch.Tensor, cont: ContinuationResult

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 import torch
-from oracles import random_batch
+from oracles import as_packed, random_batch
 
 from factor_cli.credit import (
     ESTIMATORS,
@@ -45,23 +45,15 @@ PAPER_METHODS = [
     "gae-0.9",
     "gae-0.95",
     "mc",
+    "vineppo",
+    "factor-mc",
 ]
 
 
 def packed(seed: int = 0, convention: str = "leave-one-out") -> PackedBatch:
     b = random_batch(seed)
-    return PackedBatch(
-        action_index=b.action_index,
-        logp_old=b.logp_old,
-        traj_index=b.traj_index,
-        group_index=b.group_index,
-        outcome=b.outcome,
-        convention=convention,
-        logp_teacher=b.logp_old + b.gap,
-        values=b.values,
-        state_key=b.state_key,
-        token_values=b.gap / 3,  # the PPO critic's V before each token
-    )
+    # token_values: the PPO critic's V before each token.
+    return dataclasses.replace(as_packed(b, convention), token_values=b.gap / 3)
 
 
 def test_registry_holds_exactly_the_paper_methods() -> None:
@@ -87,13 +79,16 @@ CONSERVING = [
     "token-shuffled",
     "credit-shuffled",
     "tac-serl-psi",
+    "vineppo",
+    "factor-mc",
 ]
 
 
 @pytest.mark.parametrize("method", CONSERVING)
 @pytest.mark.parametrize("convention", ["leave-one-out", "group-standardize", "raw"])
 def test_property_conservation_per_method(method: str, convention: str) -> None:
-    """Property 1 for TAC, uniform credit and CreditShuffled, after warm-up and during it."""
+    """Property 1 for TAC (on the value head's or Monte-Carlo values), uniform credit and
+    CreditShuffled, after warm-up and during it."""
     batch = packed(3, convention)
     for step in (5, 20):
         out = assign_credit(batch, method, step, generator=torch.Generator().manual_seed(0))

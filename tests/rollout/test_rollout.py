@@ -314,6 +314,46 @@ def test_checkpoint_rule_paper_is_the_default_and_covers_its_support() -> None:
         select_checkpoints(5, 2, rng, "middle")
 
 
+def test_checkpoint_rule_every_is_each_interior_state() -> None:
+    """Monte-Carlo values (vineppo, factor-mc): every x_t with 0 < t < T, whatever B."""
+    rng = random.Random(0)
+    for budget in (1, 2, 5):
+        for t_total in range(1, 20):
+            assert select_checkpoints(t_total, budget, rng, "every") == list(range(1, t_total))
+
+
+def test_monte_carlo_values_from_every_interior_state(roots) -> None:
+    """K continuations from each interior state of every root, each on a reply stream of its
+    own; V-hat(x_t) is the mean of their targets, V~(x_0) at each first action."""
+    from factor_cli.credit import CONVENTIONS
+    from factor_cli.rollout.continuations import ContinuationPlan
+    from factor_cli.rollout.values import monte_carlo_state_values
+
+    runner, eps = roots
+    plan = ContinuationPlan(budget=2, per_checkpoint=2, horizon=2, seed=4, support="every")
+    keys = [job.key for r, e in enumerate(eps) for job in plan.jobs(r, e)]
+    assert len(keys) == len(set(keys)) == 2 * sum(len(e.turns) - 1 for e in eps)
+    res = run_continuations(runner, eps, "leave-one-out", 2, 2, horizon=2, seed=4, support="every")
+    interior = [(r, t) for r, e in enumerate(eps) for t in range(1, len(e.turns))]
+    assert [(cp.episode, cp.turn) for cp in res.checkpoints] == interior
+    values, counts = monte_carlo_state_values(eps, res, "leave-one-out")
+    outcome = torch.tensor([e.outcome.outcome for e in eps], dtype=torch.float64)
+    v0 = CONVENTIONS.get("leave-one-out")(outcome, torch.tensor([e.start.group for e in eps])).v0
+    row = 0
+    for r, e in enumerate(eps):
+        assert float(values[row]) == pytest.approx(float(v0[r])) and int(counts[row]) == 0
+        for t in range(1, len(e.turns)):
+            targets = [
+                y
+                for c, y, cont in zip(res.checkpoint_of, res.targets, res.episodes)
+                if (res.checkpoints[c].episode, res.checkpoints[c].turn) == (r, t)
+                and not cont.start_failed
+            ]
+            assert int(counts[row + t]) == len(targets) == 2
+            assert float(values[row + t]) == pytest.approx(sum(targets) / len(targets))
+        row += len(e.turns)
+
+
 def test_continuations_counts_targets_and_restore(roots) -> None:
     runner, eps = roots
     res = run_continuations(

@@ -46,6 +46,11 @@ ROOT = Path(__file__).resolve().parents[2]
         ("method=facter", r"--set method=facter: field method: unknown method 'facter'; valid: "),
         ("reduction=sum", r"field reduction: unknown reduction 'sum'; valid: "),
         ("nosuch.key=1", r"--set nosuch.key=1: field nosuch: Extra inputs are not permitted"),
+        (
+            "continuations.per_state=0",
+            r"--set continuations.per_state=0: field continuations.per_state: "
+            r"Input should be greater than or equal to 1 \(got 0\)",
+        ),
     ],
 )
 def test_config_errors_name_the_set_item_and_field(override: str, message: str) -> None:
@@ -130,3 +135,12 @@ def test_presets_and_manifests_resolve_outside_the_checkout(tmp_path: Path) -> N
     n_eval, n_train = map(int, proc.stdout.split())
     assert n_eval > 0 and n_train > 0
     assert not (tmp_path / "splits").exists()
+
+
+def test_monte_carlo_k_has_one_home() -> None:
+    """continuations.per_state defaults to VinePPO's K = 9, from rollout/continuations.py."""
+    from factor_cli.rollout import continuations
+
+    assert continuations.PER_STATE == 9
+    assert load_config("smoke").continuations.per_state == continuations.PER_STATE
+    assert load_config("smoke", ["continuations.per_state=3"]).continuations.per_state == 3

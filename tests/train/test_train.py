@@ -168,11 +168,47 @@ def test_train_run_records_everything_in_the_ledger(tiny_model_dir: Path, tmp_pa
     assert [json.loads(x)["step"] for x in lines] == [1, 2]
 
 
-def _train_cmd(model: Path, tmp: Path, extra: list[str]) -> list[str]:
+def _train_cmd(
+    model: Path, tmp: Path, extra: list[str], method: str = "factor", steps: int = 2
+) -> list[str]:
     args = [sys.executable, "-m", "factor_cli", "train", "--config", "smoke"]
-    for o in tiny_overrides(model, tmp, "factor", steps=2):
+    for o in tiny_overrides(model, tmp, method, steps=steps):
         args += ["--set", o]
     return args + extra
+
+
+@needs_twx
+def test_vineppo_trains_from_the_command_line(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`factor train --set method=vineppo`, one step: the recorded values are the mean
+    continuation targets of each interior state (the state before's where none ran), the
+    credit telescopes to A^seq per trajectory, and no value head is fitted."""
+    import pandas as pd
+
+    extra = ["--set", "continuations.per_state=2", "--set", "eval.start=false"]
+    proc = subprocess.run(
+        _train_cmd(tiny_model_dir, tmp_path, extra, "vineppo", steps=1),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-3000:]
+    (run_dir,) = [p.parent for p in (tmp_path / "runs").glob("*/metrics.jsonl")]
+    (m,) = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert "value_mse" not in m and m["continuation_interactions"] > 0
+    assert m["mc_states"] > m["mc_states_unestimated"] >= 0
+    acts = pd.read_csv(run_dir / "records" / "actions-000001.csv")
+    conts = pd.read_csv(run_dir / "records" / "continuations-000001.csv")
+    interior = acts[acts.turn > 0]
+    assert set(zip(conts.traj, conts.turn)) <= set(zip(interior.traj, interior.turn))
+    means = conts.groupby(["traj", "turn"]).target.mean()
+    assert len(conts) == 2 * len(means)
+    for traj, rows in acts.groupby("traj"):
+        value = rows.v0.iloc[0]
+        for turn, recorded in zip(rows.turn, rows.value):
+            value = means.get((traj, turn), value) if turn > 0 else value
+            assert recorded == pytest.approx(value, abs=1e-6)
+        assert rows.credit.sum() == pytest.approx(rows.a_seq.iloc[0], abs=1e-5)
 
 
 @pytest.mark.slow
