@@ -145,7 +145,7 @@ def collect(seed: int, steps: int, k: int, extra: list[str]) -> Path:
         "root_outcome": torch.tensor([outcome_of(ep) for ep in roots]),
         "root_group": torch.tensor([ep.start.group for ep in roots]),
         "prompts": [list(map(int, p)) for p in prompts],  # x_t's token ids
-        "model_path": str(model_path),  # the warm start the policy loaded
+        "model_path": str(Path(model_path).resolve()),  # the warm start the policy loaded
         "seconds": {"roots": t_roots, "continuations": t_cont},
     }  # fmt: skip
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,8 @@ from torch import nn
 
 from factor_cli.stats.calibration import value_ceiling, value_metrics
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -34,6 +36,7 @@ class Variant:
     lr: float = 1e-3
     epochs: int = 4
     init: str = "policy"  # the encoder's start: policy | scratch
+    standardize: bool = False  # z-score each feature with the fit states' mean and std
 
 
 BASE = Variant("smoke head (targets ~1,000)")
@@ -47,6 +50,40 @@ VARIANTS = [
     replace(BASE, name="hidden 256", horizon="rest", targets=8500, hidden=256),
     replace(BASE, name="hidden 1024 (paper)", horizon="rest", targets=8500, hidden=1024),
     *[replace(BASE, name=f"layer {i}", horizon="rest", targets=8500, layer=i) for i in range(4)],
+    replace(BASE, name="standardised features", standardize=True),
+    replace(BASE, name="standardised, ~100 targets", standardize=True, targets=100),
+    replace(BASE, name="standardised, horizon rest", standardize=True, horizon="rest"),
+    replace(
+        BASE,
+        name="standardised, rest, ~8,500 targets",
+        standardize=True,
+        horizon="rest",
+        targets=8500,
+    ),
+    replace(
+        BASE,
+        name="standardised, rest, ~8,500, hidden 256",
+        standardize=True,
+        horizon="rest",
+        targets=8500,
+        hidden=256,
+    ),
+    replace(
+        BASE,
+        name="standardised, rest, ~8,500, 16 passes",
+        standardize=True,
+        horizon="rest",
+        targets=8500,
+        epochs=16,
+    ),
+    replace(
+        BASE,
+        name="standardised, rest, ~8,500, layer 2",
+        standardize=True,
+        horizon="rest",
+        targets=8500,
+        layer=2,
+    ),
     replace(BASE, name="linear probe (ridge)", estimator="linear", horizon="rest", targets=8500),
     replace(BASE, name="turn index alone", estimator="turn", horizon="rest", targets=8500),
     replace(BASE, name="separate encoder, from the policy", estimator="encoder", horizon="rest"),
@@ -133,7 +170,8 @@ def _encoder(data: dict[str, Any], rows: np.ndarray, y: np.ndarray, test: np.nda
     from transformers import AutoModel
 
     torch.manual_seed(seed)
-    backbone = AutoModel.from_pretrained(data["model_path"])
+    path = Path(data["model_path"])
+    backbone = AutoModel.from_pretrained(path if path.is_absolute() else REPO / path)
     if v.init == "scratch":
         backbone.apply(backbone._init_weights)
     head = nn.Linear(backbone.config.hidden_size, 1)
@@ -174,6 +212,9 @@ def _predict(data: dict[str, Any], v: Variant, fit: np.ndarray, test: np.ndarray
     if v.estimator == "encoder":
         return _encoder(data, rows, y, test, v, seed), len(y)
     feats = data["features"][:, v.layer].float()
+    if v.standardize:  # statistics of the fit states only
+        f = feats[np.unique(rows)]
+        feats = (feats - f.mean(0)) / (f.std(0) + 1e-6)
     if v.estimator == "linear":
         return _ridge(feats[rows].numpy(), y, feats[test].numpy()), len(y)
     head = _mlp(feats[rows], torch.tensor(y, dtype=torch.float32), v, seed)

@@ -24,3 +24,5 @@ VALUE_WARMUP_ROLLOUTS = 0
 policy update (0: none; the paper trains the head during its first W credit warm-up steps)."""
 VALUE_WARMUP_EPOCHS = 8
 """Passes over the warm-up targets."""
+VALUE_STANDARDIZE = False
+"""Whether the head z-scores its features with the replay buffer's statistics (the paper: no)."""

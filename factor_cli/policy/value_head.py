@@ -37,9 +37,16 @@ class ValueHead(nn.Module):
     """2-layer MLP with GELU: [N, H] features -> [N] values (module docstring for V_phi).
 
     Parameters are float32 whatever the backbone's dtype; features are detached and cast.
+    With ``standardize`` the features enter as z_t = (h_t - mu) / sigma, mu and sigma [H] the
+    per-dimension mean and standard deviation of the replay buffer's features, refreshed by
+    every :func:`fit_value_head` (buffers, so the target head's Polyak average carries them).
+    A small backbone's boundary states differ from state to state by a few hundredths in each
+    dimension around offsets of order 1, which an MLP on raw features barely resolves.
     """
 
-    def __init__(self, input_size: int, hidden_size: int = VALUE_HIDDEN) -> None:
+    def __init__(
+        self, input_size: int, hidden_size: int = VALUE_HIDDEN, standardize: bool = False
+    ) -> None:
         super().__init__()
         if input_size < 1 or hidden_size < 1:
             raise ValueError(
@@ -47,9 +54,22 @@ class ValueHead(nn.Module):
                 f"hidden_size={hidden_size}"
             )
         self.input_size, self.hidden_size = input_size, hidden_size
+        self.standardize = standardize
+        if standardize:  # identity until the first fit sets them
+            self.register_buffer("shift", torch.zeros(input_size))
+            self.register_buffer("scale", torch.ones(input_size))
         self.net = nn.Sequential(
             nn.Linear(input_size, hidden_size), nn.GELU(), nn.Linear(hidden_size, 1)
         )
+
+    @torch.no_grad()
+    def set_statistics(self, features: torch.Tensor) -> None:
+        """mu, sigma <- the per-dimension mean and standard deviation of ``features`` [N, H]
+        (sigma floored at 1e-6); a no-op without ``standardize``."""
+        if self.standardize and features.shape[0] > 1:
+            f = features.to(self.shift.device, torch.float32)
+            self.shift.copy_(f.mean(0))
+            self.scale.copy_(f.std(0).clamp_min(1e-6))
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """features [N, H] (any float dtype) -> values [N] float32; no gradient reaches the
@@ -58,7 +78,10 @@ class ValueHead(nn.Module):
             raise ValueError(
                 f"ValueHead expects features [N, {self.input_size}], got {tuple(features.shape)}"
             )
-        return self.net(features.detach().to(torch.float32)).squeeze(-1)  # [N, 1] -> [N]
+        x = features.detach().to(torch.float32)
+        if self.standardize:
+            x = (x - self.shift) / self.scale
+        return self.net(x).squeeze(-1)  # [N, 1] -> [N]
 
 
 def features_at(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -269,6 +292,8 @@ def fit_value_head(
     if n == 0:
         raise ValueError("the value replay buffer is empty; add Monte-Carlo targets first")
     device = next(head.parameters()).device
+    if isinstance(head, ValueHead):
+        head.set_statistics(features)
     head.train()
     total = 0.0
     for _ in range(epochs):

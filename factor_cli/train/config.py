@@ -311,6 +311,12 @@ class ValueConfig(Strict):
     batch_size: int = Field(
         value_defaults.VALUE_BATCH_SIZE, ge=1, description="Value-head minibatch size."
     )
+    standardize: bool = Field(
+        value_defaults.VALUE_STANDARDIZE,
+        description="Z-score each feature dimension with the replay buffer's mean and standard "
+        "deviation before the MLP (refreshed at every fit). A scale change: a small backbone's "
+        "states differ by hundredths per dimension (docs/benchmarks.md, Value fitting).",
+    )
     warmup_rollouts: int = Field(
         value_defaults.VALUE_WARMUP_ROLLOUTS,
         ge=0,

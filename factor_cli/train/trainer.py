@@ -148,7 +148,8 @@ class Trainer:
         hidden = int(self.policy.model.config.hidden_size)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed + 1)
-            self.heads = TargetValueHead(ValueHead(hidden, cfg.value.hidden), cfg.value.tau)
+            head = ValueHead(hidden, cfg.value.hidden, cfg.value.standardize)
+            self.heads = TargetValueHead(head, cfg.value.tau)
         self.value_opt = make_value_optimizer(self.heads.online, cfg.value.lr)
         self.buffer = ValueReplayBuffer(cfg.value.replay_steps)
         self.train_pool = instances(cfg, "train")

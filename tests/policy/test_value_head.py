@@ -228,3 +228,48 @@ def test_fit_rejects_an_empty_buffer() -> None:
     head = ValueHead(4, 8)
     with pytest.raises(ValueError, match="buffer is empty"):
         fit_value_head(head, ValueReplayBuffer(), make_value_optimizer(head))
+
+
+def test_standardized_head_reads_z_scores_of_the_buffers_features() -> None:
+    """h -> (h - mu) / sigma with the buffer's statistics, set by the fit; the same head on
+    features offset by 2 and scaled by 0.01 (a small backbone's states) then fits as well as
+    on the unit-scale ones, and its statistics travel with the Polyak target."""
+    g = _gen(5)
+    x = torch.randn(512, 8, generator=g)
+    y = 0.5 * x[:, 0]
+    small = 2.0 + 0.01 * x  # the same information at a backbone's scale
+    losses = {}
+    for name, feats in (("unit", x), ("small", small)):
+        buf = ValueReplayBuffer()
+        buf.add(1, feats, y)
+        torch.manual_seed(0)
+        head = ValueHead(8, hidden_size=32, standardize=True)
+        opt = make_value_optimizer(head, lr=1e-2)
+        losses[name] = fit_value_head(head, buf, opt, epochs=10, batch_size=64, generator=_gen(6))
+        assert torch.allclose(head.shift, feats.mean(0)) and torch.allclose(
+            head.scale, feats.std(0)
+        )
+    assert losses["small"] == pytest.approx(losses["unit"], rel=0.05)
+    heads = TargetValueHead(head, tau=0.5)
+    assert torch.equal(heads.target.shift, head.shift)  # the target copies its statistics
+    assert set(ValueHead(8).state_dict()) == {"net.0.weight", "net.0.bias", "net.2.weight",
+                                              "net.2.bias"}  # fmt: skip
+
+
+def test_an_unstandardized_head_does_not_resolve_a_small_backbones_features() -> None:
+    """The reason for the option: on the same small-scale features, the plain head's fit is far
+    worse than the standardized one's."""
+    g = _gen(7)
+    x = torch.randn(512, 8, generator=g)
+    y = 0.5 * x[:, 0]
+    buf = ValueReplayBuffer()
+    buf.add(1, 2.0 + 0.01 * x, y)
+    got = {}
+    for std in (False, True):
+        torch.manual_seed(0)
+        head = ValueHead(8, hidden_size=32, standardize=std)
+        opt = make_value_optimizer(head, lr=1e-2)
+        fit_value_head(head, buf, opt, epochs=10, batch_size=64, generator=_gen(8))
+        with torch.no_grad():
+            got[std] = float(((head(2.0 + 0.01 * x) - y) ** 2).mean())
+    assert got[True] < 0.2 * got[False]  # measured: 0.244 (the variance: nothing) vs 0.0002
