@@ -85,6 +85,16 @@ VARIANTS = [
         layer=2,
     ),
     replace(BASE, name="linear probe (ridge)", estimator="linear", horizon="rest", targets=8500),
+    replace(BASE, name="ridge, ~1,000 targets", estimator="linear", horizon="rest"),
+    replace(
+        BASE,
+        name="ridge, ~500 targets (the smoke warm-up)",
+        estimator="linear",
+        horizon="rest",
+        targets=500,
+    ),
+    replace(BASE, name="ridge, ~100 targets", estimator="linear", horizon="rest", targets=100),
+    replace(BASE, name="ridge, horizon 6, ~1,000 targets", estimator="linear"),
     replace(BASE, name="turn index alone", estimator="turn", horizon="rest", targets=8500),
     replace(BASE, name="separate encoder, from the policy", estimator="encoder", horizon="rest"),
     replace(
@@ -167,13 +177,15 @@ def _encoder(data: dict[str, Any], rows: np.ndarray, y: np.ndarray, test: np.nda
              v: Variant, seed: int) -> np.ndarray:  # fmt: skip
     """The tiny model's backbone (the warm start's weights, or re-initialised) + a linear head,
     trained end to end on each fit state's mean target (3 passes, Adam 3e-4, batch 16)."""
-    from transformers import AutoModel
+    from transformers import AutoConfig, AutoModel
 
     torch.manual_seed(seed)
     path = Path(data["model_path"])
-    backbone = AutoModel.from_pretrained(path if path.is_absolute() else REPO / path)
-    if v.init == "scratch":
-        backbone.apply(backbone._init_weights)
+    path = path if path.is_absolute() else REPO / path
+    if v.init == "scratch":  # the same architecture, randomly initialised (seeded above)
+        backbone = AutoModel.from_config(AutoConfig.from_pretrained(path))
+    else:
+        backbone = AutoModel.from_pretrained(path)
     head = nn.Linear(backbone.config.hidden_size, 1)
     params = [*backbone.parameters(), *head.parameters()]
     opt = torch.optim.Adam(params, lr=3e-4)

@@ -26,3 +26,5 @@ VALUE_WARMUP_EPOCHS = 8
 """Passes over the warm-up targets."""
 VALUE_STANDARDIZE = False
 """Whether the head z-scores its features with the replay buffer's statistics (the paper: no)."""
+VALUE_HEAD = "mlp"
+"""The head's kind (``factor_cli.policy.value_fitters.VALUE_HEADS``): the paper's MLP."""

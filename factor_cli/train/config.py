@@ -311,6 +311,12 @@ class ValueConfig(Strict):
     batch_size: int = Field(
         value_defaults.VALUE_BATCH_SIZE, ge=1, description="Value-head minibatch size."
     )
+    head: Literal["mlp", "ridge"] = Field(
+        value_defaults.VALUE_HEAD,
+        description="mlp: the paper's 2-layer MLP fitted by Adam; ridge: a linear probe on "
+        "z-scored features solved in closed form, penalty by 5-fold CV (a scale choice: it "
+        "ranks states best at CPU scale, docs/benchmarks.md, Value fitting).",
+    )
     standardize: bool = Field(
         value_defaults.VALUE_STANDARDIZE,
         description="Z-score each feature dimension with the replay buffer's mean and standard "

@@ -35,13 +35,8 @@ from factor_cli.credit import (
 from factor_cli.envs.pool import EnvPool
 from factor_cli.policy.generation.scoring import Scorer, model_scorer
 from factor_cli.policy.model import Policy, init_tiny, load_policy
-from factor_cli.policy.value_head import (
-    TargetValueHead,
-    ValueHead,
-    ValueReplayBuffer,
-    fit_value_head,
-    make_value_optimizer,
-)
+from factor_cli.policy.value_fitters import VALUE_HEADS, HeadSettings
+from factor_cli.policy.value_head import TargetValueHead, ValueReplayBuffer
 from factor_cli.rollout.continuations import (
     ContinuationPlan,
     ContinuationResult,
@@ -148,9 +143,10 @@ class Trainer:
         hidden = int(self.policy.model.config.hidden_size)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed + 1)
-            head = ValueHead(hidden, cfg.value.hidden, cfg.value.standardize)
-            self.heads = TargetValueHead(head, cfg.value.tau)
-        self.value_opt = make_value_optimizer(self.heads.online, cfg.value.lr)
+            v = cfg.value
+            settings = HeadSettings(v.hidden, v.lr, v.epochs, v.batch_size, v.standardize)
+            self.value_fitter = VALUE_HEADS.get(v.head)(hidden, settings)
+            self.heads = TargetValueHead(self.value_fitter.head, v.tau)
         self.buffer = ValueReplayBuffer(cfg.value.replay_steps)
         self.train_pool = instances(cfg, "train")
         n_root = cfg.rollout.groups * cfg.rollout.k
@@ -268,14 +264,7 @@ class Trainer:
                 out["value_target_mse"] = float(((self.heads.values(x) - y) ** 2).mean())
                 self.buffer.add(rollout.step, x, y)
                 gen = stream_generator(self.cfg.seed, rollout.step, "value")
-                out["value_mse"] = fit_value_head(
-                    self.heads.online,
-                    self.buffer,
-                    self.value_opt,
-                    self.cfg.value.epochs,
-                    self.cfg.value.batch_size,
-                    gen,
-                )
+                out["value_mse"] = self.value_fitter.fit(self.buffer, gen)
                 self.heads.update()
                 out["td_sign_agreement"] = self._sign_agreement(rollout.roots, feats, cont)
         return ValueFit(self.heads.values(feats), out)
@@ -305,10 +294,7 @@ class Trainer:
         if not targets:
             return {}
         gen = stream_generator(self.cfg.seed, 0, "value")
-        v = self.cfg.value
-        mse = fit_value_head(
-            self.heads.online, self.buffer, self.value_opt, v.warmup_epochs, v.batch_size, gen
-        )
+        mse = self.value_fitter.fit(self.buffer, gen, self.cfg.value.warmup_epochs)
         self.heads.target.load_state_dict(self.heads.online.state_dict())
         return {"value_warmup_targets": float(targets), "value_warmup_mse": mse,
                 "time_value_warmup": time.perf_counter() - t0}  # fmt: skip
@@ -505,7 +491,7 @@ class Trainer:
     def save(self, run_dir: Path, run_id: str | None) -> Path:
         extra = {
             "heads": self.heads.state_dict(),
-            "value_opt": self.value_opt.state_dict(),
+            "value_opt": self.value_fitter.state_dict(),
             "buffer": self.buffer.state_dict(),
             "run_id": run_id,
             "config": self.cfg.model_dump(mode="json"),
@@ -525,7 +511,7 @@ class Trainer:
         self.engines.load(directory)
         state = checkpoint.load_state(directory)
         self.heads.load_state_dict(state["heads"])
-        self.value_opt.load_state_dict(state["value_opt"])
+        self.value_fitter.load_state_dict(state["value_opt"])
         self.buffer.load_state_dict(state["buffer"])
         checkpoint.set_rng_state(state["rng"])
         self.step = int(state["step"])

@@ -76,3 +76,25 @@ def test_a_run_logs_the_warmup_at_step_zero(tiny_model_dir: Path, tmp_path: Path
 def test_a_negative_warmup_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"value\.warmup_rollouts"):
         load_config("smoke", ["value.warmup_rollouts=-1"])
+
+
+def test_a_ridge_head_warms_up_trains_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """value.head=ridge: the warm-up solves it, a step refits it, a checkpoint restores it."""
+    from factor_cli.train.trainer import Trainer
+
+    trainer = _trainer(tiny_model_dir, tmp_path, "factor", "value.head=ridge")
+    try:
+        assert trainer.value_warmup()["value_warmup_targets"] > 0
+        assert float(trainer.heads.target.weight.abs().sum()) > 0
+        result = trainer.train_step()
+        assert "value_mse" in result.metrics
+        saved = trainer.save(tmp_path / "run", "r")
+        state = {k: v.clone() for k, v in trainer.heads.state_dict()["target"].items()}
+    finally:
+        trainer.close()
+    again = Trainer(trainer.cfg, str(tiny_model_dir))
+    try:
+        again.load(saved)
+        assert all(torch.equal(v, again.heads.target.state_dict()[k]) for k, v in state.items())
+    finally:
+        again.close()
