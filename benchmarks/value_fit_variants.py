@@ -36,7 +36,7 @@ class Variant:
     lr: float = 1e-3
     epochs: int = 4
     init: str = "policy"  # the encoder's start: policy | scratch
-    standardize: bool = False  # z-score each feature with the fit states' mean and std
+    standardize: bool = False  # value.standardize: z-scores with the buffer's statistics
 
 
 BASE = Variant("smoke head (targets ~1,000)")
@@ -139,38 +139,20 @@ def _targets(fit: np.ndarray, g: np.ndarray, n: int, seed: int) -> tuple[np.ndar
     return np.array(rows[:n]), np.array(ys[:n])
 
 
-def _mlp(x: torch.Tensor, y: torch.Tensor, v: Variant, seed: int) -> nn.Module:
-    from factor_cli.policy.value_head import ValueHead
+def _head(x: torch.Tensor, y: torch.Tensor, v: Variant, seed: int) -> nn.Module:
+    """The trainer's own head kind (``value.head``: mlp or ridge), fitted by its fitter on a
+    replay buffer of the targets, with the variant's settings."""
+    from factor_cli.policy.value_fitters import VALUE_HEADS, HeadSettings
+    from factor_cli.policy.value_head import ValueReplayBuffer
 
     torch.manual_seed(seed)
-    head = ValueHead(x.shape[1], v.hidden)
-    opt = torch.optim.Adam(head.parameters(), lr=v.lr)
-    gen = torch.Generator().manual_seed(seed)
-    for _ in range(v.epochs):
-        for idx in torch.randperm(len(y), generator=gen).split(64):
-            loss = nn.functional.mse_loss(head(x[idx]), y[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    return head.eval()
-
-
-def _ridge(x: np.ndarray, y: np.ndarray, xt: np.ndarray) -> np.ndarray:
-    """Ridge on standardised features, the penalty chosen by 5-fold CV on the fit states."""
-    mu, sd = x.mean(0), x.std(0) + 1e-6
-    x, xt = (x - mu) / sd, (xt - mu) / sd
-    x1, xt1 = np.c_[x, np.ones(len(x))], np.c_[xt, np.ones(len(xt))]
-
-    def solve(a: np.ndarray, b: np.ndarray, lam: float) -> np.ndarray:
-        reg = lam * np.eye(a.shape[1])
-        reg[-1, -1] = 0.0
-        return np.linalg.solve(a.T @ a + reg, a.T @ b)
-
-    folds = np.arange(len(y)) % 5
-    best = min((sum(np.mean((x1[folds == f] @ solve(x1[folds != f], y[folds != f], lam)
-                             - y[folds == f]) ** 2) for f in range(5)), lam)
-               for lam in (1e-1, 1.0, 10.0, 1e2, 1e3, 1e4))[1]  # fmt: skip
-    return xt1 @ solve(x1, y, best)
+    kind = "ridge" if v.estimator == "linear" else "mlp"
+    settings = HeadSettings(v.hidden, v.lr, v.epochs, 64, v.standardize)
+    fitter = VALUE_HEADS.get(kind)(x.shape[1], settings)
+    buffer = ValueReplayBuffer()
+    buffer.add(0, x, y)
+    fitter.fit(buffer, torch.Generator().manual_seed(seed))
+    return fitter.head.eval()
 
 
 def _encoder(data: dict[str, Any], rows: np.ndarray, y: np.ndarray, test: np.ndarray,
@@ -224,12 +206,7 @@ def _predict(data: dict[str, Any], v: Variant, fit: np.ndarray, test: np.ndarray
     if v.estimator == "encoder":
         return _encoder(data, rows, y, test, v, seed), len(y)
     feats = data["features"][:, v.layer].float()
-    if v.standardize:  # statistics of the fit states only
-        f = feats[np.unique(rows)]
-        feats = (feats - f.mean(0)) / (f.std(0) + 1e-6)
-    if v.estimator == "linear":
-        return _ridge(feats[rows].numpy(), y, feats[test].numpy()), len(y)
-    head = _mlp(feats[rows], torch.tensor(y, dtype=torch.float32), v, seed)
+    head = _head(feats[rows], torch.tensor(y, dtype=torch.float32), v, seed)
     with torch.no_grad():
         return head(feats[test]).numpy(), len(y)
 

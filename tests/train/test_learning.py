@@ -53,9 +53,6 @@ def learning_overrides(model: Path, tmp: Path, method: str) -> list[str]:
         "value.lr=1e-3",
         "value.epochs=4",
         "value.tau=0.5",
-        # The test's protocol was fixed before the smoke preset's value levers (2026-12-04).
-        "value.standardize=false",
-        "value.warmup_rollouts=0",
         f"eval.max_items={EVAL_ITEMS}",
         f"output_dir={tmp / 'runs'}",
         f"tracking_uri=sqlite:///{tmp / 'mlflow.db'}",

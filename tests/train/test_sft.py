@@ -77,7 +77,6 @@ def sft_overrides(model: Path, tmp: Path) -> list[str]:
         "env.max_turns=3",
         "continuations.horizon=2",
         "continuations.per_checkpoint=1",
-        "value.warmup_rollouts=0",
         "eval.max_items=2",
         f"output_dir={tmp / 'runs'}",
         f"tracking_uri=sqlite:///{tmp / 'mlflow.db'}",

@@ -35,7 +35,6 @@ PLAYABLE = [
     "rollout.valid_action_decoding=true",
     "rollout.groups=2",
     "rollout.k=4",
-    "value.standardize=false",  # the pins are the paper's head (the smoke preset z-scores)
 ]
 CASES = {
     "factor": ("factor", 3, [*PLAYABLE, "credit.warmup_steps=0", "continuations.per_checkpoint=2"]),

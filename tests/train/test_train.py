@@ -34,7 +34,6 @@ def tiny_overrides(model: Path, tmp: Path, method: str = "factor", steps: int = 
         "env.max_turns=3",
         "continuations.horizon=2",
         "continuations.per_checkpoint=1",
-        "value.warmup_rollouts=0",  # the smoke preset's warm-up costs 8 rollouts; tests skip it
         "sft.enabled=false",
         "eval.max_items=2",
         f"output_dir={tmp / 'runs'}",
