@@ -75,14 +75,28 @@ def teacher_logprobs(
     texts = teacher_prompt_texts(fmt, tokenizer, episodes)
     replies = [t.reply_ids for ep in episodes for t in ep.turns]
     allowed = [t.allowed_ids for ep in episodes for t in ep.turns]
+    return reply_logprobs(score, encode, texts, replies, allowed, temperature, batch_size)
+
+
+def reply_logprobs(
+    score: Scorer,
+    encode: Callable[[Sequence[str]], list[Encoded]],
+    texts: Sequence[str],
+    replies: Sequence[list[int]],
+    allowed: Sequence[list[list[int]] | None],
+    temperature: float = 1.0,
+    batch_size: int = 64,
+) -> list[list[float]]:
+    """log pi(y_j | prompt, y_<j) of every token of each reply after its prompt text (encoded
+    and truncated by ``encode``), renormalised over ``allowed`` sets where given."""
     prompts = [ids for ids, _ in encode(texts)]
     out: list[list[float]] = []
     for lo in range(0, len(prompts), batch_size):
         sc = score(
             prompts[lo : lo + batch_size],
-            replies[lo : lo + batch_size],
+            list(replies[lo : lo + batch_size]),
             temperature,
-            allowed[lo : lo + batch_size],
+            list(allowed[lo : lo + batch_size]),
         )
         out += [lp.tolist() for lp in sc.logprobs]
     return out

@@ -379,6 +379,16 @@ class SFTConfig(Strict):
     epochs: int = Field(1, ge=1, description="Passes over the gold data.")
     lr: float = Field(3e-3, gt=0, description="Learning rate.")
     batch_size: int = Field(16, ge=1, description="Sequences per step.")
+    teacher_examples: bool = Field(
+        False,
+        description=(
+            "Also train on every gold step in the hindsight teacher's format: the student's "
+            "prompt with that step's feedback block, rendered by the teacher's own code, so the "
+            "model learns that the feedback tells which action was taken (the teacher then has "
+            "something to read; `factor model teacher-gap` measures it). False: student "
+            "prompts only, as the paper's warm start."
+        ),
+    )
 
 
 class TrainConfig(Strict):

@@ -94,9 +94,8 @@ def gold_examples(
         for g, inst in enumerate(chosen):
             if inst.instance_id not in plans:
                 plans[inst.instance_id] = env.gold_actions(inst.instance_id)
-            out += _play_gold(
-                env, inst.instance_id, plans[inst.instance_id], tokenizer, fmt, budget
-            )
+            out += _play_gold(env, inst.instance_id, plans[inst.instance_id], tokenizer, fmt,
+                              budget, cfg.sft.teacher_examples)  # fmt: skip
             if progress:
                 progress(g + 1, len(chosen))
     return out
@@ -109,8 +108,12 @@ def _play_gold(
     tokenizer: Any,
     fmt: PromptFormat,
     budget: int,
+    teacher: bool = False,
 ) -> list[Example]:
-    """The examples of one gold play, which must win (EnvError naming the instance if not)."""
+    """The examples of one gold play, which must win (EnvError naming the instance if not);
+    with ``teacher``, each step's student example is followed by its teacher example (the
+    prompt with the step's feedback Phi_t, the reply to its action, as
+    :func:`factor_cli.rollout.teacher.teacher_prompt_texts` renders it)."""
     obs = first = env.reset(instance_id)
     task = env.task_description()
     history: list[tuple[str, str]] = []
@@ -119,11 +122,15 @@ def _play_gold(
         shown = shown_admissible(
             fmt, env.valid_actions(), lambda a: len(tokenizer.encode(a, add_special_tokens=False))
         )
-        text = render(fmt, TurnView(task, history, obs, shown, first), tokenizer)
-        prompt, _ = truncate_middle(tokenizer.encode(text, add_special_tokens=False), budget)
+        view = TurnView(task, history, obs, shown, first)
         reply = tokenizer.encode(f"{ACTION_OPEN}{action}{ACTION_CLOSE}", add_special_tokens=False)
-        out.append((prompt, reply))
-        obs = env.step(action).observation
+        feedback = env.step(action).observation
+        for text in [render(fmt, view, tokenizer)] + (
+            [render(fmt, view, tokenizer, feedback=feedback)] if teacher else []
+        ):
+            prompt, _ = truncate_middle(tokenizer.encode(text, add_special_tokens=False), budget)
+            out.append((prompt, reply))
+        obs = feedback
         history.append((action, obs))
         if env.done:
             break
@@ -206,7 +213,9 @@ def sft_output_dir(cfg: TrainConfig) -> Path:
         [
             cfg.model.path,
             cfg.env.model_dump(),
-            cfg.sft.model_dump(),
+            # Without teacher examples the key is the one from before the field existed, so
+            # the warm starts already built keep their folders.
+            cfg.sft.model_dump(exclude=set() if cfg.sft.teacher_examples else {"teacher_examples"}),
             cfg.seed,
             dataclasses.asdict(prompt_format(cfg)),
             f"gold-v{GOLD_VERSION}",
