@@ -108,7 +108,10 @@ def _replaying_kinds(mc: McOptions) -> dict[str, Kind]:
         ),
         "feedback": _replaying(
             mc, "feedback", "feedback_probe:feedback_estimates",
-            lambda rows, r: {"feedback": d.feedback_concentration(rows)},
+            lambda rows, r: {"feedback": d.feedback_concentration(rows),
+                             "true against the others (paired, top-quartile mass)":
+                                 d.feedback_contrasts(rows, seed=mc.seed),
+                             "teacher gap of the start model (before RL)": _start_gap(r, mc)},
             lambda t, out: p.feedback_plot(t["feedback"], out), "feedback", samples=1,
         ),
         "token-perturb": _replaying(
@@ -117,6 +120,18 @@ def _replaying_kinds(mc: McOptions) -> dict[str, Kind]:
             lambda t, out: p.token_perturb_plot(t["token-perturb"], out), "token-perturb",
         ),
     }  # fmt: skip
+
+
+def _start_gap(r: Any, mc: McOptions) -> Any:
+    """``factor model teacher-gap``'s table for the start model of each run with a teacher."""
+    from factor_cli.credit import METHODS
+    from factor_cli.diagnostics.teacher_gap import GapPlan, start_gap_estimates
+    from factor_cli.stats.diagnose import teacher_gap
+
+    runs = r.runs[r.runs["method"].map(lambda m: METHODS.get(m).uses_teacher)]
+    with console.status("teacher gap of the start models"):
+        rows = start_gap_estimates(runs, GapPlan(seed=mc.seed), mc.out / "feedback")
+    return teacher_gap(rows, seed=mc.seed)
 
 
 def _compare() -> Kind:
@@ -273,7 +288,9 @@ def diagnose_cmd(
     - **feedback**: the trajectories of up to --actions drawn actions of each kept step are
       replayed under the kept policy, and the teacher scores their replies with the true
       feedback, another action's, and none; the table is the allocation's concentration
-      under each (Table 27). Cached under --out/feedback.
+      under each (Table 27), then the paired drop from true to the others with intervals,
+      and the teacher-student gap of each run's start model (`factor model teacher-gap`).
+      Cached under --out/feedback.
     - **token-perturb**: for the same drawn actions, the top and the bottom quarter of each
       action's tokens by allocation are replaced by random tokens, and --samples continuations
       after each perturbed action and after the recorded one give the return change, by credit

@@ -252,6 +252,7 @@ def _print_gap(table: Any, dropped: int) -> None:
             ("", "true - shuffled", f"{r.true_minus_shuffled:+.3f}", ci(r.ci_low, r.ci_high)),
             ("", "true - none", f"{r.true_minus_none:+.3f}", ci(r.none_ci_low, r.none_ci_high)),
             ("", "share true > shuffled", f"{r.share_true_above:.2f}", ""),
+            ("", "plays won", f"{r.success:.2f}", ""),
         ]  # fmt: skip
         for i, row in enumerate(rows):
             out.add_row(*row, end_section=i == len(rows) - 1)

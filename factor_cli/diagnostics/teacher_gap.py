@@ -28,19 +28,21 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from factor_cli.policy.prompting import render
+from factor_cli.rollout.continuations import outcome_of
 from factor_cli.rollout.runner import Episode, Job, RolloutRunner, Start
 from factor_cli.rollout.teacher import reply_logprobs, teacher_prompt_texts, turn_views
 
 from .feedback_probe import CONDITIONS, replay_trajectories, with_feedback
 
-COLUMNS = ("source", "play", "instance", "turn", "tokens", "student", *CONDITIONS)
-"""One row per action: its reply's token count, the student's log-likelihood and the gain
-g^c_t of each condition."""
+COLUMNS = ("source", "play", "instance", "outcome", "turn", "tokens", "student", *CONDITIONS)
+"""One row per action: its play's outcome G, its reply's token count, the student's
+log-likelihood and the gain g^c_t of each condition."""
 SOURCES = ("gold", "sampled")
 
 
@@ -103,9 +105,9 @@ def gains(
     student = total([render(fmt, v, tokenizer) for ep in episodes for v in turn_views(ep)])
     teacher = {c: total(teacher_prompt_texts(fmt, tokenizer, with_feedback(episodes, c, seed)))
                for c in CONDITIONS}  # fmt: skip
-    rows = [(p, ep.start.instance_id, t, len(tn.reply_ids))
+    rows = [(p, ep.start.instance_id, outcome_of(ep), t, len(tn.reply_ids))
             for p, ep in enumerate(episodes) for t, tn in enumerate(ep.turns)]  # fmt: skip
-    frame = pd.DataFrame(rows, columns=["play", "instance", "turn", "tokens"])
+    frame = pd.DataFrame(rows, columns=["play", "instance", "outcome", "turn", "tokens"])
     frame["student"] = student
     for c in CONDITIONS:
         frame[c] = [g - s for g, s in zip(teacher[c], student)]
@@ -137,3 +139,48 @@ def teacher_gap_rows(
     out = pd.concat(frames, ignore_index=True)
     out.attrs["dropped"] = len(replayed) - len(gold)
     return out
+
+
+def start_model(run_dir: Path) -> tuple[Any, str]:
+    """(config, model folder) a training run started RL from: its warm start (the SFT folder
+    of its config) or its base model; FileNotFoundError when that folder is not here."""
+    from factor_cli.train.sft import sft_output_dir
+
+    from .replay import run_config
+
+    kept = sorted((run_dir / "checkpoints").glob("step-*"))
+    if not kept:
+        raise FileNotFoundError(f"{run_dir}: no checkpoint to read the run's config from")
+    cfg = run_config(kept[-1])
+    path = sft_output_dir(cfg) if cfg.sft.enabled else Path(cfg.model.path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(
+            f"{run_dir.name}: its start model {path} is not here (relative paths resolve from "
+            "the folder the run was trained in); run `factor sft` with its config to rebuild it"
+        )
+    return cfg, str(path)
+
+
+def start_gap_estimates(
+    runs: pd.DataFrame, plan: GapPlan, cache: Path, progress: Callable[[str], None] | None = None
+) -> pd.DataFrame:
+    """:func:`teacher_gap_rows` of each run's start model (:func:`start_model`), with the runs'
+    method, env and seed; cached per (run, plan) under ``cache``, written whole."""
+    from factor_cli.atomic import atomic_target
+    from factor_cli.policy.model import load_policy
+
+    frames = []
+    for run in runs.itertuples(index=False):
+        path = cache / f"{run.run_id}-teacher-gap-p{plan.plays}-s{plan.seed}.csv"
+        if path.exists():
+            rows = pd.read_csv(path)
+        else:
+            cfg, model = start_model(Path(run.run_dir))
+            policy = load_policy(model, cfg.model.dtype, cfg.model.device)
+            rows = teacher_gap_rows(cfg, policy, plan, progress)
+            cache.mkdir(parents=True, exist_ok=True)
+            with atomic_target(path) as tmp:
+                rows.to_csv(tmp, index=False)
+        frames.append(rows.assign(run_id=run.run_id, method=run.method, env=run.env,
+                                  seed=run.seed))  # fmt: skip
+    return pd.concat(frames, ignore_index=True)

@@ -427,7 +427,8 @@ def teacher_gap(rows: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     gain g^c_t the realised reply gets from each feedback condition
     (:mod:`factor_cli.diagnostics.teacher_gap`), and the paired contrasts true - shuffled and
     true - none with 95% intervals resampling whole plays, beside the share of actions whose
-    true gain exceeds the shuffled one. A teacher that reads the feedback has true - shuffled
+    true gain exceeds the shuffled one and the plays' mean outcome (``success``; NaN without an
+    ``outcome`` column). A teacher that reads the feedback has true - shuffled
     above 0."""
     rng = np.random.default_rng(seed)
     keys = by(rows, "source")
@@ -442,8 +443,10 @@ def teacher_gap(rows: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
             diff = (part["true"] - part[other]).to_numpy(float)
             contrasts += [float(diff.mean()), *_cluster_interval(diff, cluster, rng)]
         wins = float((part["true"] > part["shuffled"]).mean())
-        out.append([*head, len(part), int(cluster.max()) + 1, *means, *contrasts, wins])
-    cols = [*keys, "actions", "plays", *(f"gain_{c}" for c in GAP_CONDITIONS),
+        won = (float(part.groupby(plays, sort=False)["outcome"].first().mean())
+               if "outcome" in part.columns else np.nan)  # fmt: skip
+        out.append([*head, len(part), int(cluster.max()) + 1, won, *means, *contrasts, wins])
+    cols = [*keys, "actions", "plays", "success", *(f"gain_{c}" for c in GAP_CONDITIONS),
             "true_minus_shuffled", "ci_low", "ci_high", "true_minus_none", "none_ci_low",
             "none_ci_high", "share_true_above"]  # fmt: skip
     return pd.DataFrame(out, columns=cols)

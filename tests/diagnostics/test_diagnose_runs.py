@@ -176,7 +176,10 @@ def test_feedback_replays_a_kept_step_under_three_feedbacks(study: dict[str, str
     reads the cache."""
     res = diagnose(study, "feedback", study["factor"], "--actions", "3", "--mc-seed", "2")
     assert res.exit_code == 0, res.output
-    (cache,) = sorted((Path(study["out"]) / "feedback").glob("*.csv"))
+    (cache,) = sorted((Path(study["out"]) / "feedback").glob("*-rows.csv"))
+    (gap,) = sorted((Path(study["out"]) / "feedback").glob("*-teacher-gap-*.csv"))
+    assert set(pd.read_csv(gap)["source"]) == {"gold", "sampled"}  # the start model's gap
+    assert "teacher gap of the start model" in res.output and "drop_share" in res.output
     rows = pd.read_csv(cache)
     assert set(rows["condition"]) == {"true", "shuffled", "none"} and set(rows["step"]) == {2}
     assert (rows["wbar"] - 1.0).abs().max() < 1e-9  # mean-preserving whatever the feedback
