@@ -116,7 +116,7 @@ def _replaying_kinds(mc: McOptions) -> dict[str, Kind]:
         ),
         "token-perturb": _replaying(
             mc, "token-perturb", "token_perturb:perturb_estimates",
-            lambda rows, r: {"token-perturb": d.token_perturb(rows)},
+            lambda rows, r: {"token-perturb": d.token_perturb(rows, seed=mc.seed)},
             lambda t, out: p.token_perturb_plot(t["token-perturb"], out), "token-perturb",
         ),
     }  # fmt: skip

@@ -452,12 +452,13 @@ def teacher_gap(rows: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     return pd.DataFrame(out, columns=cols)
 
 
-def token_perturb(rows: pd.DataFrame) -> pd.DataFrame:
+def token_perturb(rows: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     """Per method, env and credit sign (paper Fig. 5C, Tables 15-16): actions, the mean return
     change Delta G from perturbing the top and the bottom quartile of rho, the share of
     perturbed actions the environment did not list as admissible, and the AUC: over actions,
     P(Delta G_top < Delta G_bottom) + P(=) / 2 (0.5: the allocation's top tokens matter no
-    more than its bottom ones; above 0.5: perturbing the top hurts more)."""
+    more than its bottom ones; above 0.5: perturbing the top hurts more), beside the mean
+    effect Delta G_bottom - Delta G_top; both with 95% intervals over trajectories."""
     a = rows.assign(sign=np.where(rows["credit"] > 0, "positive", "negative"))
     keys = [*by(a), "sign"]
     wide = a.pivot_table(index=[*keys, "run_id", "step", "traj", "turn"], columns="quartile",
@@ -473,7 +474,25 @@ def token_perturb(rows: pd.DataFrame) -> pd.DataFrame:
         .reset_index()
     )  # fmt: skip
     invalid = (~a["valid"].astype(bool)).groupby([a[k] for k in keys]).mean().rename("invalid")
-    return table.merge(invalid.reset_index(), on=keys)
+    table = table.merge(invalid.reset_index(), on=keys)
+    return table.merge(
+        _perturb_intervals(wide.assign(auc=score.astype(float)), keys, seed), on=keys
+    )
+
+
+def _perturb_intervals(wide: pd.DataFrame, keys: list[str], seed: int) -> pd.DataFrame:
+    """Per ``keys``: 95% intervals of the AUC and of the effect Delta G_bottom - Delta G_top
+    (how much more perturbing the top quartile costs), resampling whole trajectories."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for key, part in wide.groupby(keys, sort=True):
+        cluster = part.groupby(["run_id", "step", "traj"], sort=False).ngroup().to_numpy()
+        effect = (part["bottom"] - part["top"]).to_numpy(float)
+        head = list(key) if isinstance(key, tuple) else [key]
+        rows.append([*head, *_cluster_interval(part["auc"].to_numpy(float), cluster, rng),
+                     float(effect.mean()), *_cluster_interval(effect, cluster, rng)])  # fmt: skip
+    return pd.DataFrame(rows, columns=[*keys, "auc_ci_low", "auc_ci_high", "effect",
+                                       "effect_ci_low", "effect_ci_high"])  # fmt: skip
 
 
 VALUE_METRICS = ("mse", "mae", "bias", "pearson", "sign_accuracy")

@@ -48,3 +48,8 @@ def test_table_auc_and_means_by_hand() -> None:
     )
     assert pos["invalid"] == pytest.approx(5 / 6)
     assert table.loc["negative", "auc"] == 1.0
+    # effect = mean(bottom - top) = (0.5 + 0 - 0.4) / 3; intervals from resampled trajectories
+    assert pos["effect"] == pytest.approx(0.1 / 3)
+    assert pos["effect_ci_low"] >= -0.4 - 1e-12 and pos["effect_ci_high"] <= 0.5 + 1e-12
+    assert pos["auc_ci_low"] <= 0.5 <= pos["auc_ci_high"]
+    assert table.loc["negative", "auc_ci_low"] == table.loc["negative", "auc_ci_high"] == 1.0
