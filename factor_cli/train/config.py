@@ -389,6 +389,16 @@ class SFTConfig(Strict):
             "prompts only, as the paper's warm start."
         ),
     )
+    hindsight_walks: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Also train the teacher's format on this many seeded random walks over train "
+            "instances: every step a uniformly drawn admissible action and its own feedback "
+            "(teacher examples only; the student never imitates a walk), so the model learns "
+            "to name any action from its feedback, not only the gold one. 0: none, as the paper."
+        ),
+    )
 
 
 class TrainConfig(Strict):

@@ -60,6 +60,7 @@ from .prompts import prompt_format
 from .sft import (
     TAG_DATA,
     gold_examples,
+    hindsight_examples,
     sft_output_dir,
     start_tags,
     supervised_finetune,
@@ -118,6 +119,9 @@ def _build_warm_start(cfg: TrainConfig, base: str, out: Path, progress: Progress
         prompt_format(cfg),
         lambda i, n: progress("gold plays", i, n),
     )
+    if cfg.sft.hindsight_walks:
+        examples += hindsight_examples(cfg, policy.tokenizer, prompt_format(cfg),
+                                       lambda i, n: progress("hindsight walks", i, n))  # fmt: skip
     pad = policy.tokenizer.pad_token_id or 0
     losses = supervised_finetune(
         policy.model, examples, cfg, int(pad), lambda i, n, loss: progress("sft", i, n)

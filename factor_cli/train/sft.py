@@ -111,35 +111,100 @@ def _play_gold(
     teacher: bool = False,
 ) -> list[Example]:
     """The examples of one gold play, which must win (EnvError naming the instance if not);
-    with ``teacher``, each step's student example is followed by its teacher example (the
-    prompt with the step's feedback Phi_t, the reply to its action, as
-    :func:`factor_cli.rollout.teacher.teacher_prompt_texts` renders it)."""
-    obs = first = env.reset(instance_id)
-    task = env.task_description()
-    history: list[tuple[str, str]] = []
-    out: list[Example] = []
-    for action in gold:
-        shown = shown_admissible(
-            fmt, env.valid_actions(), lambda a: len(tokenizer.encode(a, add_special_tokens=False))
-        )
-        view = TurnView(task, history, obs, shown, first)
-        reply = tokenizer.encode(f"{ACTION_OPEN}{action}{ACTION_CLOSE}", add_special_tokens=False)
-        feedback = env.step(action).observation
-        for text in [render(fmt, view, tokenizer)] + (
-            [render(fmt, view, tokenizer, feedback=feedback)] if teacher else []
-        ):
-            prompt, _ = truncate_middle(tokenizer.encode(text, add_special_tokens=False), budget)
-            out.append((prompt, reply))
-        obs = feedback
-        history.append((action, obs))
-        if env.done:
-            break
+    with ``teacher``, each step's student example is followed by its teacher example."""
+    out = play_examples(env, instance_id, gold, tokenizer, fmt, budget, True, teacher)
     if not env.success:
         raise EnvError(
             f"{env.spec.name}: the gold play of {instance_id} did not win ({len(env.actions)} "
             f"of {len(gold)} actions, score {env.score}); it is not used as training data"
         )
     return out
+
+
+def play_examples(
+    env: Environment,
+    instance_id: str,
+    actions: Sequence[str],
+    tokenizer: Any,
+    fmt: PromptFormat,
+    budget: int,
+    student: bool,
+    teacher: bool,
+) -> list[Example]:
+    """Play ``actions`` from a reset of ``instance_id`` (until the episode ends) and make each
+    step's examples, reply ``<action>a_t</action>``: with ``student`` the student's prompt x_t,
+    then with ``teacher`` the teacher's (x_t with the step's feedback Phi_t), both rendered as
+    :func:`factor_cli.rollout.teacher.teacher_prompt_texts` and the rollout render them."""
+    obs = first = env.reset(instance_id)
+    task = env.task_description()
+    history: list[tuple[str, str]] = []
+    out: list[Example] = []
+    count = lambda a: len(tokenizer.encode(a, add_special_tokens=False))  # noqa: E731
+    for action in actions:
+        view = TurnView(
+            task, history, obs, shown_admissible(fmt, env.valid_actions(), count), first
+        )
+        reply = tokenizer.encode(f"{ACTION_OPEN}{action}{ACTION_CLOSE}", add_special_tokens=False)
+        feedback = env.step(action).observation
+        texts = [render(fmt, view, tokenizer)] if student else []
+        texts += [render(fmt, view, tokenizer, feedback=feedback)] if teacher else []
+        for text in texts:
+            prompt, _ = truncate_middle(tokenizer.encode(text, add_special_tokens=False), budget)
+            out.append((prompt, reply))
+        obs = feedback
+        history.append((action, obs))
+        if env.done:
+            break
+    return out
+
+
+def random_walks(cfg: TrainConfig, env: Environment) -> list[tuple[str, list[str]]]:
+    """``cfg.sft.hindsight_walks`` seeded walks (instance, actions) over train instances, each an
+    admissible action drawn uniformly per turn until the episode ends or the turn limit."""
+    pool = instances(cfg, "train")
+    rng = random.Random(f"hindsight:{cfg.seed}")
+    limit = int(cfg.env.max_turns or 0) or GOLD_MAX_TURNS
+    walks = []
+    for _ in range(cfg.sft.hindsight_walks):
+        instance = rng.choice(pool).instance_id
+        env.reset(instance)
+        actions: list[str] = []
+        while not env.done and len(actions) < limit:
+            actions.append(rng.choice(sorted(env.valid_actions())))
+            env.step(actions[-1])
+        walks.append((instance, actions))
+    return walks
+
+
+def hindsight_examples(
+    cfg: TrainConfig,
+    tokenizer: Any,
+    fmt: PromptFormat,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Example]:
+    """Teacher-format examples only, of every step of :func:`random_walks`: the prompt the
+    teacher's (the student's view with the action's own feedback Phi_t), the reply the walk's
+    action. A walk is no lesson for the student (no student example is made), but it teaches
+    the teacher to name any action from its feedback, not only the gold one."""
+    budget = cfg.rollout.max_context - cfg.rollout.max_new_tokens
+    out: list[Example] = []
+    with make_env(cfg.env.name, **{"max_turns": GOLD_MAX_TURNS, **cfg.env.options}) as env:
+        walks = random_walks(cfg, env)
+        for w, (instance, actions) in enumerate(walks):
+            out += play_examples(env, instance, actions, tokenizer, fmt, budget, False, True)
+            if progress:
+                progress(w + 1, len(walks))
+    return out
+
+
+LATER_FIELDS = ("teacher_examples", "hindsight_walks")
+"""SFT fields added after warm starts were built: left out of the folder key while at their
+defaults, so those warm starts keep their folders."""
+
+
+def _unset_later_fields(cfg: TrainConfig) -> set[str]:
+    defaults = type(cfg.sft)()
+    return {f for f in LATER_FIELDS if getattr(cfg.sft, f) == getattr(defaults, f)}
 
 
 def examples_digest(examples: Sequence[Example]) -> str:
@@ -213,9 +278,7 @@ def sft_output_dir(cfg: TrainConfig) -> Path:
         [
             cfg.model.path,
             cfg.env.model_dump(),
-            # Without teacher examples the key is the one from before the field existed, so
-            # the warm starts already built keep their folders.
-            cfg.sft.model_dump(exclude=set() if cfg.sft.teacher_examples else {"teacher_examples"}),
+            cfg.sft.model_dump(exclude=_unset_later_fields(cfg)),
             cfg.seed,
             dataclasses.asdict(prompt_format(cfg)),
             f"gold-v{GOLD_VERSION}",

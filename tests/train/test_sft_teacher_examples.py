@@ -68,3 +68,34 @@ def test_the_option_changes_the_warm_start_folder_only_when_set(tmp_path: Path) 
     base = sft_output_dir(load_config("smoke", []))
     assert sft_output_dir(load_config("smoke", ["sft.teacher_examples=false"])) == base
     assert sft_output_dir(load_config("smoke", ["sft.teacher_examples=true"])) != base
+
+
+def test_hindsight_walks_are_teacher_examples_of_admissible_random_plays(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from factor_cli.diagnostics.feedback_probe import replay_trajectories
+    from factor_cli.policy.model import load_policy
+    from factor_cli.rollout.teacher import teacher_prompt_texts
+    from factor_cli.train.generation import make_backend
+    from factor_cli.train.prompts import prompt_format
+    from factor_cli.train.sft import hindsight_examples, random_walks
+
+    cfg = load_config("smoke", [f"model.path={tiny_model_dir}", "model.init_tiny=null",
+                                "sft.hindsight_walks=3", "env.max_turns=5"])  # fmt: skip
+    policy = load_policy(str(tiny_model_dir), "float32", "cpu")
+    fmt = prompt_format(cfg)
+    examples = hindsight_examples(cfg, policy.tokenizer, fmt)
+    assert examples == hindsight_examples(cfg, policy.tokenizer, fmt)  # seeded
+    with make_env("twx", **cfg.env.options) as env:
+        walks = random_walks(cfg, env)
+    assert len(walks) == 3 and all(0 < len(a) <= 5 for _, a in walks)
+    assert len({tuple(a) for _, a in walks}) > 1  # random, not one fixed plan
+    backend = make_backend(cfg.rollout, policy)
+    try:  # the walks replay (every action admissible) and the teacher renders the same prompts
+        episodes = replay_trajectories(cfg, backend, [(i, 0, a) for i, a in walks])
+        assert all(ep is not None for ep in episodes)
+        texts = teacher_prompt_texts(fmt, policy.tokenizer, episodes)
+        assert [p for p, _ in examples] == [ids for ids, _ in backend.encode(texts)]
+    finally:
+        backend.close()
+    assert [r for _, r in examples] == [tn.reply_ids for ep in episodes for tn in ep.turns]
