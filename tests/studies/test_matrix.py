@@ -157,7 +157,9 @@ def served(matrix: Matrix) -> list[tuple[str, str, int]]:
 
 
 def test_shipped_specs_are_the_papers_studies_and_ci() -> None:
-    assert shipped_specs() == sorted([*TABLES, "ci", "mini", "mini-cooking"])
+    assert shipped_specs() == sorted(
+        [*TABLES, "ci", "mini", "mini-cooking", "distill", "distill-coin"]
+    )
 
 
 def test_mini_replication_fixes_its_protocol() -> None:
@@ -731,3 +733,24 @@ def test_the_second_look_fixes_its_protocol() -> None:
         assert cfg.env.games == ["cookingworld"] and cfg.env.max_turns == 12
         assert (cfg.continuations.budget, cfg.continuations.per_checkpoint) == (2, 4)
         assert (cfg.steps, cfg.eval.max_items, cfg.checkpoint_keep_every) == (12, 100, 4)
+
+
+@pytest.mark.parametrize("name", ["distill", "distill-coin"])
+def test_the_distillation_study_fixes_its_protocol(name: str) -> None:
+    """Issue 38's study: mini's cells (cookingworld, or coin with six rooms) with and without
+    the action-KL loss (lambda_k = 0 and nothing else changed), GRPO beside, seeds 1-3."""
+    spec, path = load_spec(name)
+    matrix = expand(spec, path)
+    assert len(matrix.cells) == 15 and all(c.error is None for c in matrix.cells)
+    kl = Counter((c.config.method, c.config.credit.kl_0 != 0.0) for c in matrix.cells)
+    assert kl == {
+        ("grpo", True): 3, ("serl-repro", True): 3, ("serl-repro", False): 3,
+        ("factor", True): 3, ("factor", False): 3,
+    }  # fmt: skip
+    games = ["cookingworld"] if name == "distill" else ["coin"]
+    for cell in matrix.cells:
+        cfg = cell.config
+        assert cfg.env.games == games and cfg.env.max_turns == 12
+        assert (cfg.continuations.budget, cfg.continuations.per_checkpoint) == (2, 4)
+        assert (cfg.steps, cfg.eval.max_items, cfg.checkpoint_keep_every) == (12, 100, 4)
+        assert cfg.seed in (1, 2, 3)

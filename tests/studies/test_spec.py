@@ -18,8 +18,8 @@ from factor_cli.studies.spec import SpecError, StudySpec, load_spec, shipped_spe
 from factor_cli.train.config import ConfigError
 
 SHIPPED = [
-    "ablations", "budget", "ci", "estimators", "main", "mini", "mini-cooking", "protocol",
-    "sensitivity", "transfer",
+    "ablations", "budget", "ci", "distill", "distill-coin", "estimators", "main", "mini",
+    "mini-cooking", "protocol", "sensitivity", "transfer",
 ]  # fmt: skip
 
 MINIMAL = """\
