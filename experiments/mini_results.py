@@ -30,7 +30,16 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 TEMPLATE = ROOT / "experiments" / "RESULTS.md.in"
-METHODS = ("grpo", "serl-repro", "factor")
+METHODS = ("grpo", "serl-repro", "serl-repro-no-kl", "factor", "factor-no-kl")
+"""Every row label the studies use, in table order (a row is its study's variant name)."""
+COMPARISONS = {
+    "distill": (
+        ("serl-repro", "serl-repro-no-kl"), ("factor", "factor-no-kl"),
+        ("serl-repro-no-kl", "grpo"), ("factor-no-kl", "grpo"),
+    ),
+}  # fmt: skip
+"""(subject, baseline) pairs per study (by name prefix); the rest: FACTOR against each baseline."""
+DEFAULT_COMPARISONS = (("factor", "serl-repro"), ("factor", "grpo"))
 STEP_METRICS = (
     "success_rate", "turns_mean", "group_signal", "zero_credit_share", "coef_deviation_median",
     "value_target_mse", "strength", "time_rollout", "time_continuations", "time_update",
@@ -78,12 +87,16 @@ def export(study: str, out: Path, samples: int, actions: int, replays: Path | No
     if results.missing:
         raise SystemExit(f"{study}: {len(results.missing)} cell(s) unfinished; run the study first")
     labels = {cell.key: _setting(cell.config) for cell in matrix.cells}
-    items = results.items.assign(setting=results.items["cell_key"].map(labels))
+    # A row is named for its variant (distill's "factor-no-kl" runs method factor): label by it.
+    items = results.items.assign(
+        setting=results.items["cell_key"].map(labels), method=results.items["variant"]
+    )
     settings = items.drop_duplicates("run_id").set_index("run_id")["setting"]
     out.mkdir(parents=True, exist_ok=True)
     cols = ["setting", "method", "seed", "item_id", "category", "success", "score", "run_id"]
     items[cols].sort_values(cols[:4]).to_csv(out / "items.csv", index=False)
     runs = results.runs.merge(settings.rename("setting"), left_on="run_id", right_index=True)
+    runs = runs.assign(method=runs["variant"])
     keep = ["setting", "method", "seed", "run_id", "wall_clock_hours", "cpu_core_hours",
             "interactions", "git_commit"]  # fmt: skip
     runs[keep].sort_values(keep[:3]).to_csv(out / "runs.csv", index=False)
@@ -133,7 +146,8 @@ def _export_diagnostics(
     out.mkdir(parents=True, exist_ok=True)
     tables: dict[str, list[pd.DataFrame]] = {}
     estimates = []
-    for setting, group in runs.groupby("setting", sort=True):
+    for (setting, label), group in runs.groupby(["setting", "method"], sort=True):
+        # One row (variant) at a time, relabelled: two rows may share a ledger method.
         recs = load_records(group["run_id"].tolist())
         value, curve = d.value_calibration(recs.actions, recs.continuations)
         for name, table in {
@@ -146,9 +160,11 @@ def _export_diagnostics(
             "compare": d.credit_agreement(replay_credit(recs.actions), list(COMPARED)),
         }.items():
             # One environment per setting: the setting column says it.
-            table = table.drop(columns="env", errors="ignore")
+            table = table.drop(columns="env", errors="ignore").assign(method=label)
             tables.setdefault(name, []).append(table.assign(setting=setting))
         factor = recs.runs[recs.runs["method"] == "factor"]
+        if factor.empty:
+            continue
         cache = Path("runs") / "td-sign-estimates"
         with Progress() as bar:
             task = bar.add_task(f"td-sign {setting}", total=None)
@@ -160,10 +176,10 @@ def _export_diagnostics(
             est = td_sign_estimates(recs.actions, factor, plan, cache, progress)
         keep = ["method", "seed", "run_id", "step", "phase", "traj", "turn", "credit", "a_seq",
                 "q", "v", "mc", "samples", "failed"]  # fmt: skip
-        estimates.append(est[keep].assign(setting=setting))
+        estimates.append(est[keep].assign(setting=setting, method=label))
         if replays is not None:
             for name, table in _replay_tables(recs, replays, progress_bar=Progress).items():
-                tables.setdefault(name, []).append(table.assign(setting=setting))
+                tables.setdefault(name, []).append(table.assign(setting=setting, method=label))
     for name, parts in tables.items():
         pd.concat(parts, ignore_index=True).to_csv(out / f"{name}.csv", index=False)
     pd.concat(estimates, ignore_index=True).to_csv(out / "td-sign-estimates.csv", index=False)
@@ -210,29 +226,39 @@ def cell_table(items: pd.DataFrame) -> pd.DataFrame:
     return frame[["setting", "method", "seed", "metric"]]
 
 
-def comparisons(items: pd.DataFrame, per_seed: pd.DataFrame) -> pd.DataFrame:
-    """FACTOR - SERL-Repro and FACTOR - GRPO per setting: hierarchical bootstrap (10,000
-    resamples, seed 0), P(Delta > 0), and seed-by-seed wins / ties / losses."""
+def comparisons(
+    items: pd.DataFrame, per_seed: pd.DataFrame, pairs: Sequence[tuple[str, str]]
+) -> pd.DataFrame:
+    """Each (subject, baseline) pair per setting: hierarchical bootstrap (10,000 resamples,
+    seed 0), P(Delta > 0), and seed-by-seed wins / ties / losses."""
     from factor_cli.stats.report import BootstrapRequest, bootstrap_report
 
     rows = []
     wide = per_seed.pivot_table(index=["setting", "seed"], columns="method", values="metric")
     for setting in sorted(items["setting"].unique()):
         frame = items[items["setting"] == setting].assign(env=setting)
-        for baseline in ("serl-repro", "grpo"):
+        for subject, baseline in pairs:
             rep = bootstrap_report(
-                frame[frame["method"].isin(["factor", baseline])],
-                BootstrapRequest(setting, "factor", baseline, RESAMPLES, BOOT_SEED),
+                frame[frame["method"].isin([subject, baseline])],
+                BootstrapRequest(setting, subject, baseline, RESAMPLES, BOOT_SEED),
             )
-            diff = (wide.loc[setting, "factor"] - wide.loc[setting, baseline]).to_numpy()
+            diff = (wide.loc[setting, subject] - wide.loc[setting, baseline]).to_numpy()
             res = rep.result
             rows.append({
-                "setting": setting, "comparison": f"factor - {baseline}",
+                "setting": setting, "comparison": f"{subject} - {baseline}",
                 "delta": res.point, "ci_low": res.ci_low, "ci_high": res.ci_high,
                 "p_positive": res.p_positive, "wins": int((diff > 1e-9).sum()),
                 "ties": int((np.abs(diff) <= 1e-9).sum()), "losses": int((diff < -1e-9).sum()),
             })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def study_pairs(name: str) -> Sequence[tuple[str, str]]:
+    """The comparisons a study's page shows (:data:`COMPARISONS`, by name prefix)."""
+    for prefix, pairs in COMPARISONS.items():
+        if name.startswith(prefix):
+            return pairs
+    return DEFAULT_COMPARISONS
 
 
 def _md(frame: pd.DataFrame, formats: dict[str, str] | None = None) -> str:
@@ -292,7 +318,7 @@ def curves_plot(curves: pd.DataFrame, out: Path) -> None:
     axes = fig.subplots(1, len(settings), squeeze=False)[0]
     for ax, setting in zip(axes, settings):
         part = curves[curves["setting"] == setting]
-        for method in METHODS:
+        for method in [m for m in METHODS if m in set(part["method"])]:
             g = part[part["method"] == method].groupby("step")["success"]
             mean, low, high = g.mean(), g.min(), g.max()
             (line,) = ax.plot(mean.index, mean.to_numpy(), marker="o", label=method)
@@ -327,7 +353,7 @@ def study_blocks(folder: Path) -> dict[str, str]:
                       for s, g in est.groupby("setting", sort=True)])  # fmt: skip
     blocks = {
         "main": main_table(per_seed),
-        "comparisons": comparison_table(comparisons(items, per_seed)),
+        "comparisons": comparison_table(comparisons(items, per_seed, study_pairs(name))),
         "curves": _md(_curve_table(curves)),
         "compute": _md(_compute_table(runs)),
         "td-sign": _md(sign[["setting", *sign.columns[:-1]]]),

@@ -17,6 +17,7 @@ VARIANTS = {
     "e4": "shipped, 4 epochs (t1's optimizer steps)",
     "t1": "+ teacher-format examples",
     "h": "+ teacher-format examples + 60 hindsight walks",
+    "h4": "+ teacher-format examples + 240 hindsight walks",
 }
 
 

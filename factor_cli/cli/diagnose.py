@@ -48,6 +48,7 @@ class McOptions:
     actions: int
     seed: int
     out: Path
+    replace: str = "vocab"
 
 
 def _replaying(
@@ -73,7 +74,9 @@ def _replaying(
 
         module, fn = estimates.split(":")
         estimate = getattr(importlib.import_module(f"factor_cli.diagnostics.{module}"), fn)
-        plan = McPlan(samples=samples or mc.samples, actions=mc.actions, seed=mc.seed)
+        replace = mc.replace if name == "token-perturb" else "vocab"  # others draw no tokens
+        plan = McPlan(samples=samples or mc.samples, actions=mc.actions, seed=mc.seed,
+                      replace=replace)  # fmt: skip
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task(name, total=None)
 
@@ -250,6 +253,14 @@ def diagnose_cmd(
         int,
         typer.Option("--mc-seed", help="replaying kinds: seed of the draws; position: of the CIs."),
     ] = 0,
+    replace: Annotated[
+        str,
+        typer.Option(
+            "--replace",
+            help="token-perturb: replacement tokens from the whole vocabulary (vocab) or from "
+            "the state's admissible actions (admissible: a perturbed action can stay valid).",
+        ),
+    ] = "vocab",
     tracking_uri: TrackingOpt = None,
     experiment: ExperimentOpt = "factor",
 ) -> None:
@@ -292,11 +303,15 @@ def diagnose_cmd(
       and the teacher-student gap of each run's start model (`factor model teacher-gap`).
       Cached under --out/feedback.
     - **token-perturb**: for the same drawn actions, the top and the bottom quarter of each
-      action's tokens by allocation are replaced by random tokens, and --samples continuations
-      after each perturbed action and after the recorded one give the return change, by credit
-      sign, with the AUC (Fig. 5C, Tables 15-16). Cached under --out/token-perturb.
+      action's tokens by allocation are replaced by random tokens (--replace admissible: drawn
+      from the tokens of the state's admissible actions, so a perturbed action can stay
+      valid), and --samples continuations after each perturbed action and after the recorded
+      one give the return change, by credit sign, with the share of valid perturbations, the
+      AUC and the top-bottom effect (Fig. 5C, Tables 15-16). Cached under --out/token-perturb.
     """
-    kinds = _kinds(McOptions(samples, actions, mc_seed, out))
+    if replace not in ("vocab", "admissible"):
+        fail(f"--replace {replace!r}: expected vocab or admissible")
+    kinds = _kinds(McOptions(samples, actions, mc_seed, out, replace))
     if kind not in kinds:
         fail(f"unknown diagnostic {kind!r}; available: {', '.join(kinds)}")
     window = _steps(steps)

@@ -49,6 +49,9 @@ class McPlan:
     seed: int = 0
     horizon: int = HORIZON
     temperature: float = TEMPERATURE
+    replace: str = "vocab"
+    """token-perturb's replacement tokens: ``vocab`` (uniform over the vocabulary) or
+    ``admissible`` (uniform over the tokens of the state's admissible actions)."""
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:

@@ -101,7 +101,8 @@ def per_kept_step(
 def cache_name(run_id: str, step: int, plan: McPlan) -> str:
     """The cache file of one (run, step, plan); ``-rows``: the whole rows, not the estimates
     alone as caches written before 2026-12-03 held (those are not read)."""
-    return f"{run_id}-step{step:06d}-n{plan.samples}-a{plan.actions}-s{plan.seed}-rows.csv"
+    mode = "" if plan.replace == "vocab" else f"-r{plan.replace}"  # older names stay valid
+    return f"{run_id}-step{step:06d}-n{plan.samples}-a{plan.actions}-s{plan.seed}{mode}-rows.csv"
 
 
 def td_sign_estimates(

@@ -6,10 +6,12 @@ are replayed by script under checkpoint k - 1 (:func:`.feedback_probe.replay_ste
 method's allocation rho of each drawn action is recomputed with the true feedback. For an
 action of L_t >= 2 action tokens, the ceil(L_t / 4) tokens of highest rho (``top``) and, apart,
 those of lowest rho (``bottom``) are each replaced by a token drawn uniformly from the
-vocabulary (seeded; never a stop token, never the token it replaces). The perturbed reply's
-action a' is played from the restored x_t, and ``samples`` continuations under the same policy
-(the continuations' temperature and horizon) follow it; as many follow the recorded a_t from
-x_{t+1} (or its recorded return G when a_t ended the episode):
+vocabulary (seeded; never a stop token, never the token it replaces), or, with
+``McPlan.replace = "admissible"``, from the tokens of the actions admissible in x_t (so that a
+direction can become another direction and the perturbed action can still be played). The
+perturbed reply's action a' is played from the restored x_t, and ``samples`` continuations under
+the same policy (the continuations' temperature and horizon) follow it; as many follow the
+recorded a_t from x_{t+1} (or its recorded return G when a_t ended the episode):
 
     Delta G_q = mean G(x_t, a'_q, ...) - mean G(x_t, a_t, ...),   q in {top, bottom}
 
@@ -55,18 +57,37 @@ def quartile_positions(rho: torch.Tensor, which: str) -> list[int]:
 
 
 def perturb(
-    reply: Sequence[int], positions: Sequence[int], vocab: int, stops: set[int], rng: random.Random
+    reply: Sequence[int],
+    positions: Sequence[int],
+    vocab: int | Sequence[int],
+    stops: set[int],
+    rng: random.Random,
 ) -> list[int]:
-    """``reply`` with each token at ``positions`` replaced by a uniform draw over the
-    vocabulary less the stop tokens and the token it replaces."""
+    """``reply`` with each token at ``positions`` replaced by a uniform draw over ``vocab`` (a
+    vocabulary size: every id below it; or the candidate ids) less the stop tokens and the
+    token it replaces; a position with no candidate left keeps its token."""
     out = list(reply)
     for j in positions:
-        while True:
-            tok = rng.randrange(vocab)
-            if tok not in stops and tok != out[j]:
-                break
+        if isinstance(vocab, int):  # rejection sampling: the draws of every cached estimate
+            while True:
+                tok = rng.randrange(vocab)
+                if tok not in stops and tok != out[j]:
+                    break
+        else:
+            pool = [t for t in vocab if t not in stops and t != out[j]]
+            tok = rng.choice(pool) if pool else out[j]
         out[j] = tok
     return out
+
+
+def admissible_tokens(tokenizer: Any, admissible: Sequence[str]) -> list[int]:
+    """The distinct token ids of the admissible actions, each encoded alone and after a space
+    (a BPE token differs at the start of a word), sorted."""
+    ids: set[int] = set()
+    for action in admissible:
+        for text in (action, f" {action}"):
+            ids.update(tokenizer.encode(text, add_special_tokens=False))
+    return sorted(ids)
 
 
 def _perturbed_actions(step: Any, method: str, plan: McPlan) -> list[dict[str, Any]]:
@@ -87,9 +108,10 @@ def _perturbed_actions(step: Any, method: str, plan: McPlan) -> list[dict[str, A
         rho = weight[idx == a]
         episode, t = rb.turn_of_action[a]
         turn = step.episodes[episode].turns[t]
+        pool = len(tok) if plan.replace == "vocab" else admissible_tokens(tok, turn.admissible)
         for quartile in QUARTILES:
             where = [action_pos[j] for j in quartile_positions(rho, quartile)]
-            reply = perturb(rb.replies[a], where, len(tok), stops, rng)
+            reply = perturb(rb.replies[a], where, pool, stops, rng)
             text = extract_action(tok.decode(reply, skip_special_tokens=True)).text
             out.append({"traj": int(row.traj), "turn": int(row.turn), "credit": row.credit,
                         "length": len(action_pos), "quartile": quartile, "action": row.action,

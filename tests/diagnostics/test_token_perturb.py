@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 import torch
 
-from factor_cli.diagnostics.token_perturb import perturb, quartile_positions
+from factor_cli.diagnostics.replay import McPlan
+from factor_cli.diagnostics.td_sign import cache_name
+from factor_cli.diagnostics.token_perturb import admissible_tokens, perturb, quartile_positions
 from factor_cli.stats.diagnose import token_perturb
 
 
@@ -26,6 +28,40 @@ def test_perturb_replaces_only_the_named_positions_never_with_a_stop_or_itself()
         out = perturb([5, 6, 7, 8], [1, 3], 10, {0, 1}, rng)
         assert out[0] == 5 and out[2] == 7
         assert out[1] not in (6, 0, 1) and out[3] not in (8, 0, 1)
+
+
+def test_admissible_replacements_come_from_the_admissible_actions_tokens() -> None:
+    """--replace admissible: every replacement is a token of some admissible action (never a
+    stop token nor the token it replaces); with one candidate left, that one; with none, the
+    token stays."""
+    rng = random.Random(0)
+    pool = [3, 4, 9]
+    seen = set()
+    for _ in range(200):
+        out = perturb([3, 6, 7], [0, 2], pool, {9}, rng)
+        assert out[1] == 6 and out[0] == 4 and out[2] in (3, 4)
+        seen.add(out[2])
+    assert seen == {3, 4}  # uniform over the candidates: both drawn
+    assert perturb([4], [0], [4, 9], {9}, rng) == [4]
+
+
+class _Chars:
+    """A character-level tokenizer: id = code point."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) for c in text]
+
+
+def test_admissible_tokens_are_the_actions_tokens_alone_and_after_a_space() -> None:
+    ids = admissible_tokens(_Chars(), ["go n", "go s"])
+    assert ids == sorted({ord(c) for c in "go ns"})
+
+
+def test_the_replacement_mode_names_its_cache_and_vocab_keeps_the_old_name() -> None:
+    assert cache_name("r", 5, McPlan(4, 16, 0)) == "r-step000005-n4-a16-s0-rows.csv"
+    assert cache_name("r", 5, McPlan(4, 16, 0, replace="admissible")).endswith(
+        "-s0-radmissible-rows.csv"
+    )
 
 
 def test_table_auc_and_means_by_hand() -> None:
