@@ -89,3 +89,16 @@ def test_table_auc_and_means_by_hand() -> None:
     assert pos["effect_ci_low"] >= -0.4 - 1e-12 and pos["effect_ci_high"] <= 0.5 + 1e-12
     assert pos["auc_ci_low"] <= 0.5 <= pos["auc_ci_high"]
     assert table.loc["negative", "auc_ci_low"] == table.loc["negative", "auc_ci_high"] == 1.0
+
+
+def test_an_unknown_replacement_mode_is_a_one_line_error_before_any_work(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from factor_cli.cli.main import app
+
+    out = tmp_path / "out"
+    res = CliRunner().invoke(
+        app, ["diagnose", "token-perturb", "no-such-run", "--replace", "words", "--out", str(out)]
+    )
+    assert res.exit_code != 0 and "--replace 'words': expected vocab or admissible" in res.output
+    assert not out.exists()
