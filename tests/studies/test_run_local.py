@@ -50,11 +50,14 @@ def _invoke(tmp: Path, model: Path, *args: str, spec: str) -> tuple[int, str, st
 
 
 def _start(cmd: list[str]) -> subprocess.Popen[str]:
-    """A runner in its own session, so the test can signal its whole process group."""
+    """A runner in its own session, so the test can signal its whole process group, with
+    SIGINT at its default as a terminal's foreground job has it: a suite started in the
+    background of a non-interactive shell inherits SIGINT ignored, and Python then installs no
+    KeyboardInterrupt handler, so the Ctrl-C below would be lost (the cells ran to the end)."""
     env = {**os.environ, "COLUMNS": "200"}
     return subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        env=env,
+        env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
 
 
