@@ -149,16 +149,20 @@ def _export_diagnostics(
     for (setting, label), group in runs.groupby(["setting", "method"], sort=True):
         # One row (variant) at a time, relabelled: two rows may share a ledger method.
         recs = load_records(group["run_id"].tolist())
-        value, curve = d.value_calibration(recs.actions, recs.continuations)
-        for name, table in {
+        found = {
             "coef-deviation": d.coef_deviation(recs.actions),
             "groups": d.group_signal(recs.actions),
-            "value": value,
-            "reliability": curve,
             "length-bias": d.length_bias(recs.actions),
             "horizon": d.horizon(recs.actions),
             "compare": d.credit_agreement(replay_credit(recs.actions), list(COMPARED)),
-        }.items():
+        }
+        # Only rows with a value head and continuations (FACTOR's) have a calibration: a row
+        # of its own (distill's GRPO, SERL-Repro) has neither.
+        if recs.actions["value"].notna().any() and not recs.continuations.empty:
+            found["value"], found["reliability"] = d.value_calibration(
+                recs.actions, recs.continuations
+            )
+        for name, table in found.items():
             # One environment per setting: the setting column says it.
             table = table.drop(columns="env", errors="ignore").assign(method=label)
             tables.setdefault(name, []).append(table.assign(setting=setting))
