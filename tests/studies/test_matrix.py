@@ -158,7 +158,7 @@ def served(matrix: Matrix) -> list[tuple[str, str, int]]:
 
 def test_shipped_specs_are_the_papers_studies_and_ci() -> None:
     assert shipped_specs() == sorted(
-        [*TABLES, "ci", "mini", "mini-cooking", "distill", "distill-coin"]
+        [*TABLES, "ci", "mini", "mini-cooking", "distill", "distill-coin", "value-levers"]
     )
 
 
@@ -754,3 +754,23 @@ def test_the_distillation_study_fixes_its_protocol(name: str) -> None:
         assert (cfg.continuations.budget, cfg.continuations.per_checkpoint) == (2, 4)
         assert (cfg.steps, cfg.eval.max_items, cfg.checkpoint_keep_every) == (12, 100, 4)
         assert cfg.seed in (1, 2, 3)
+
+
+def test_the_value_levers_study_is_the_main_job_with_two_levers() -> None:
+    """Issue 37's ten-seed check: the smoke preset as shipped against the same config with the
+    value warm-up and full-length continuations, and nothing else changed, seeds 1-10."""
+    spec, path = load_spec("value-levers")
+    matrix = expand(spec, path)
+    assert len(matrix.cells) == 20 and all(c.error is None for c in matrix.cells)
+    by_row = {}
+    for cell in matrix.cells:
+        cfg = cell.config
+        assert cfg.method == "factor" and cfg.seed in range(1, 11)
+        assert (cfg.steps, cfg.env.max_turns, cfg.checkpoint_keep_every) == (12, 12, 4)
+        levers = (cfg.value.warmup_rollouts, cfg.continuations.horizon)
+        by_row.setdefault(levers, []).append(cfg.model_dump(exclude={"seed"}, mode="json"))
+    assert sorted(by_row) == [(0, 6), (8, 12)]
+    assert all(len(v) == 10 for v in by_row.values())
+    shipped, levered = (by_row[k][0] for k in sorted(by_row))
+    levered["value"]["warmup_rollouts"], levered["continuations"]["horizon"] = 0, 6
+    assert levered == shipped

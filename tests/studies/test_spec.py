@@ -19,7 +19,7 @@ from factor_cli.train.config import ConfigError
 
 SHIPPED = [
     "ablations", "budget", "ci", "distill", "distill-coin", "estimators", "main", "mini",
-    "mini-cooking", "protocol", "sensitivity", "transfer",
+    "mini-cooking", "protocol", "sensitivity", "transfer", "value-levers",
 ]  # fmt: skip
 
 MINIMAL = """\
