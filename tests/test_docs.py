@@ -24,6 +24,7 @@ from browser import chromium_tab
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 README_MAX_LINES = 250
+REPO_URL = "https://example.invalid/factor"  # .invalid: never resolves, never fetched
 
 
 def _hooks() -> ModuleType:
@@ -112,7 +113,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The site built strictly, as scripts/test.sh builds it."""
     _hooks()
     out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "FACTOR_REPO_URL": REPO_URL}
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(out)],
         cwd=REPO,
@@ -123,6 +124,14 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert proc.returncode == 0, proc.stderr
     return out
+
+
+def test_the_header_links_the_repository_the_build_names(site: Path) -> None:
+    """No public address is known, so mkdocs.yml reads it from FACTOR_REPO_URL: a site built
+    with it shows the link in every page's header."""
+    for page in ("index.html", "tutorial/index.html"):
+        html = (site / page).read_text()
+        assert re.search(rf'<a href="{re.escape(REPO_URL)}"[^>]*class="md-source"', html), page
 
 
 @pytest.mark.parametrize(
