@@ -155,6 +155,7 @@ def _export_diagnostics(
             "length-bias": d.length_bias(recs.actions),
             "horizon": d.horizon(recs.actions),
             "compare": d.credit_agreement(replay_credit(recs.actions), list(COMPARED)),
+            "position": d.credit_by_position(recs.actions, seed=BOOT_SEED),
         }
         # Only rows with a value head and continuations (FACTOR's) have a calibration: a row
         # of its own (distill's GRPO, SERL-Repro) has neither.
@@ -181,6 +182,11 @@ def _export_diagnostics(
         keep = ["method", "seed", "run_id", "step", "phase", "traj", "turn", "credit", "a_seq",
                 "q", "v", "mc", "samples", "failed"]  # fmt: skip
         estimates.append(est[keep].assign(setting=setting, method=label))
+        # Table 17 against the independent reference (`factor diagnose value`'s first table).
+        mc = d.value_against_mc(est, recs.actions, seed=BOOT_SEED).drop(
+            columns="env", errors="ignore"
+        )
+        tables.setdefault("value-mc", []).append(mc.assign(setting=setting, method=label))
         if replays is not None:
             for name, table in _replay_tables(recs, replays, progress_bar=Progress).items():
                 tables.setdefault(name, []).append(table.assign(setting=setting, method=label))

@@ -143,3 +143,58 @@ def test_the_cell_key_ignores_defaults_so_new_fields_keep_finished_cells() -> No
     defaults_later = {"a": 0, "sec": {"x": 2, "y": 0, "new": 0.5}, "added": {"z": 1}}
     expected = {"a": 1, "sec": {"y": 3}}
     assert m._sparse(dump, defaults) == m._sparse(later, defaults_later) == expected
+
+
+# --- CPU threads: cells in flight share the cores -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("launcher", "max_parallel", "cells", "cpus", "want"),
+    [
+        ("local", 2, 15, 2, 1),  # two cells on two cores: one thread each, not two
+        ("local", 1, 15, 2, 2),  # one cell has the machine
+        ("local", 4, 1, 8, 8),  # one cell left to run: it is alone
+        ("local", 3, 9, 2, 1),  # more cells than cores: still one thread each
+        ("local", 2, 4, 7, 3),
+        ("slurm", 2, 4, 2, 0),  # Slurm gives each cell its own CPUs: left to the cluster
+        ("debug", 2, 4, 2, 0),  # in this process
+    ],
+)
+def test_local_cells_split_the_cores_between_them(
+    launcher: str, max_parallel: int, cells: int, cpus: int, want: int
+) -> None:
+    options = LaunchOptions(launcher=launcher, max_parallel=max_parallel)
+    assert launch.cell_threads(options, cells, cpus) == want
+
+
+def test_a_planned_cell_starts_its_child_on_its_share_of_the_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child process (torch included) sees the cap: four cores, two cells in flight."""
+    import sys
+
+    from factor_cli.studies.cell import THREAD_VARIABLES
+
+    for name in THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(launch.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    plan = plan_launch(_matrix(tmp_path), LaunchOptions(max_parallel=2, dry_run=True))
+    job = plan.jobs[0]
+    assert {j.threads for j in plan.jobs} == {2}
+    probe = "import os, torch; print(os.environ['OMP_NUM_THREADS'], torch.get_num_threads())"
+    monkeypatch.setattr(job, "command", lambda attempt, resume: [sys.executable, "-c", probe])
+    job.folder.mkdir(parents=True)
+    with (tmp_path / "lock").open("w") as lock:
+        code, log = job._train(lock.fileno(), 1, None)
+    assert code == 0 and log.read_text().split() == ["2", "2"]
+
+
+def test_a_thread_count_the_user_set_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    from factor_cli.studies.cell import THREAD_VARIABLES, thread_env
+
+    for name in THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert thread_env(1) == dict.fromkeys(THREAD_VARIABLES, "1")
+    assert thread_env(0) == {}
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert thread_env(1) == {}
