@@ -97,18 +97,6 @@ def _last_line(log: Path) -> str:
     return (errors or lines or [""])[-1][:500]
 
 
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-
-
-def thread_env(threads: int) -> dict[str, str]:
-    """The variables that cap a child's BLAS / OpenMP threads (torch reads OMP_NUM_THREADS for
-    its intra-op pool) at ``threads``; none when 0 or when the user already set one (theirs
-    wins)."""
-    if threads < 1 or any(v in os.environ for v in THREAD_VARIABLES):
-        return {}
-    return dict.fromkeys(THREAD_VARIABLES, str(threads))
-
-
 @dataclass
 class CellJob:
     """The submitit job of one cell (see the module docstring)."""
@@ -127,7 +115,6 @@ class CellJob:
     retry_failed: int = 0
     force: bool = False
     stale_after: float = 600.0
-    threads: int = 0  # CPU threads of the cell's process (0: as the environment says)
     _child: Any = field(default=None, repr=False, compare=False)
     _attempt: Any = field(default=None, repr=False, compare=False)  # (n, started, log, resume)
 
@@ -209,7 +196,7 @@ class CellJob:
     def _train(self, fd: int, attempt: int, resume: str | None) -> tuple[int, Path]:
         """Run the child with the lock fd inherited; Ctrl-C waits for it to close its run."""
         log = self.folder / f"attempt-{attempt}.log"
-        env = {**os.environ, "FACTOR_STUDY_CELL": self.key, **thread_env(self.threads)}
+        env = {**os.environ, "FACTOR_STUDY_CELL": self.key}
         self._attempt = (attempt, _now(), log, resume)
         with log.open("ab") as out:
             child = self._child = subprocess.Popen(

@@ -170,28 +170,13 @@ def write_cell_config(matrix: Matrix, cell: Cell) -> Path:
     return path
 
 
-def cell_threads(options: LaunchOptions, cells: int, cpus: int | None = None) -> int:
-    """CPU threads per cell of a local study: the cores this process may use, split evenly
-    between the cells in flight (at least one each). Left to the environment (0) elsewhere.
-
-    Why: every torch process starts one intra-op thread per core, so two cells on two cores run
-    four busy threads that spin-wait on each other; on the smoke preset a GRPO step took 60-85 s
-    with two such cells in flight and 5 s alone (docs/benchmarks.md, "Cells in parallel")."""
-    if options.launcher != "local":
-        return 0
-    if cpus is None:
-        affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere all cores
-        cpus = len(affinity(0)) if affinity else (os.cpu_count() or 1)
-    return max(1, cpus // max(1, min(options.max_parallel, cells)))
-
-
-def _job(matrix: Matrix, cell: Cell, options: LaunchOptions, threads: int = 0) -> CellJob:
+def _job(matrix: Matrix, cell: Cell, options: LaunchOptions) -> CellJob:
     return CellJob(
         key=cell.key, label=cell.label, study=matrix.spec.name, spec_hash=matrix.spec_hash,
         base=matrix.base, variants=cell.variants, study_dir=str(matrix.output_dir.resolve()),
         cwd=os.getcwd(), tracking_uri=matrix.tracking_uri, launcher=options.launcher,
         gpus=options.gpus_per_job, retry_failed=options.retry_failed, force=options.force,
-        stale_after=options.stale_after, threads=threads,
+        stale_after=options.stale_after,
     )  # fmt: skip
 
 
@@ -243,8 +228,6 @@ def plan_launch(matrix: Matrix, options: LaunchOptions) -> LaunchPlan:
     from factor_cli.ledger.provenance import git_state
 
     commit = git_state().commit
-    threads = cell_threads(options, sum(to_launch(s, options.retry_failed, options.force)
-                                        for s in states))  # fmt: skip
     for state in states:
         assert state.cell is not None
         if state.state == "finished" and state.git_commit and state.git_commit != commit:
@@ -255,7 +238,7 @@ def plan_launch(matrix: Matrix, options: LaunchOptions) -> LaunchPlan:
         if to_launch(state, options.retry_failed, options.force):
             if not options.dry_run:
                 write_cell_config(matrix, state.cell)
-            jobs.append(_job(matrix, state.cell, options, threads))
+            jobs.append(_job(matrix, state.cell, options))
     return LaunchPlan(states, jobs, warnings)
 
 
