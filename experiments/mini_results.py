@@ -45,6 +45,7 @@ STEP_METRICS = (
     "value_target_mse", "strength", "time_rollout", "time_continuations", "time_update",
 )  # fmt: skip
 RESAMPLES = 10_000
+PHASE_ORDER = {"early": 0, "late": 1, "all": 2}
 BOOT_SEED = 0
 
 
@@ -381,7 +382,43 @@ def study_blocks(folder: Path) -> dict[str, str]:
     groups = _diag(folder, "groups").groupby(["setting", "method"], as_index=False)[
         ["group_signal", "zero_credit"]].mean()  # fmt: skip
     blocks["groups-summary"] = _md(groups)
+    if (folder / "diagnostics" / "position.csv").exists():  # exported since 2026-12-05
+        blocks["position"] = _md(position_table(_diag(folder, "position")))
+    if (folder / "diagnostics" / "value-mc.csv").exists():
+        blocks["value-mc"] = _md(value_mc_table(_diag(folder, "value-mc")))
     return {f"{name}.{k}": v for k, v in blocks.items()}
+
+
+def position_table(position: pd.DataFrame, turns: int = 6) -> pd.DataFrame:
+    """Credit by position, condensed: the mean share s_t = A*_t / A^seq of the rows whose
+    credit is not a broadcast (s_t = 1 everywhere says nothing), per setting, method and result,
+    at the first ``turns`` turns and the last action (the CSV keeps every turn and the CIs)."""
+    keep = [str(t) for t in range(turns)] + ["last"]
+    part = position[position["position"].astype(str).isin(keep)]
+    part = part[part.groupby("method")["share"].transform(lambda s: (s - 1).abs().max() > 1e-6)]
+    wide = part.pivot_table(
+        index=["setting", "method", "result"], columns="position", values="share"
+    )
+    return wide[[c for c in keep if c in wide.columns]].reset_index()
+
+
+def value_mc_table(value_mc: pd.DataFrame) -> pd.DataFrame:
+    """Table 17 per setting, method and phase: each metric as ``point [low, high]``, with the
+    reference's noise ceiling for Pearson r and sign accuracy."""
+    frame = value_mc.assign(
+        cell=[f"{v:.3g} [{lo:.3g}, {hi:.3g}]" for v, lo, hi in
+              value_mc[["value", "ci_low", "ci_high"]].itertuples(index=False)]
+    )  # fmt: skip
+    index = ["setting", "method", "phase", "states"]
+    wide = frame.pivot_table(index=index, columns="metric", values="cell", aggfunc="first")
+    ceilings = frame.dropna(subset=["ceiling"]).pivot_table(
+        index=index, columns="metric", values="ceiling", aggfunc="first"
+    )
+    for metric in ceilings.columns:
+        wide[f"{metric} ceiling"] = ceilings[metric]
+    out = wide.reset_index().assign(order=lambda f: f["phase"].map(PHASE_ORDER))
+    out = out.sort_values(["setting", "method", "order"]).drop(columns="order")
+    return out.reset_index(drop=True)
 
 
 def render(results: Path, template: Path) -> str:

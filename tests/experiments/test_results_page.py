@@ -37,3 +37,36 @@ def test_the_committed_page_is_what_the_committed_results_render_to(tmp_path: Pa
 
 def test_setting_labels() -> None:
     assert _module().setting_of(3, 6) == "coin3 T6"
+
+
+def test_position_table_drops_broadcast_credit_and_keeps_the_first_turns_and_the_last() -> None:
+    import pandas as pd
+
+    rows = []
+    for method, share in (("grpo", lambda t: 1.0), ("factor", lambda t: 0.1 * t - 0.2)):
+        for result in ("failure", "success"):
+            for position in [*map(str, range(8)), ">=10", "last"]:
+                t = 9 if position in (">=10", "last") else int(position)
+                rows.append({"setting": "coin6 T12", "method": method, "result": result,
+                             "position": position, "share": share(t)})  # fmt: skip
+    table = _module().position_table(pd.DataFrame(rows), turns=3)
+    assert table["method"].unique().tolist() == ["factor"]
+    assert list(table.columns) == ["setting", "method", "result", "0", "1", "2", "last"]
+    assert table["0"].tolist() == [-0.2, -0.2] and table["last"].round(6).tolist() == [0.7, 0.7]
+
+
+def test_value_mc_table_orders_phases_and_sets_each_ceiling_beside_its_metric() -> None:
+    import pandas as pd
+
+    rows = [
+        {"setting": "coin6 T12", "method": "factor", "phase": phase, "metric": metric,
+         "states": 40, "value": v, "ci_low": v - 0.1, "ci_high": v + 0.1,
+         "ceiling": {"pearson": 0.9, "sign_accuracy": 0.8}.get(metric), "reliability": 0.7}
+        for phase, v in (("all", 0.5), ("late", 0.4), ("early", 0.3))
+        for metric in ("mse", "pearson", "sign_accuracy")
+    ]  # fmt: skip
+    table = _module().value_mc_table(pd.DataFrame(rows))
+    assert table["phase"].tolist() == ["early", "late", "all"]
+    assert table.loc[0, "pearson"] == "0.3 [0.2, 0.4]"
+    assert table["pearson ceiling"].tolist() == [0.9] * 3
+    assert "mse ceiling" not in table.columns
