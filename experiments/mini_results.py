@@ -10,7 +10,12 @@ alone, so a fresh clone regenerates every table and picture without rerunning an
 ``export`` writes, per study: ``items.csv`` (every run's final greedy evaluation, item level,
 the statistics schema plus ``setting`` and ``run_id``), ``curves.csv`` (eval success by step),
 ``steps.csv`` (training metrics by step), ``runs.csv`` (compute and provenance per run), and
-``diagnostics/*.csv`` (the ``factor diagnose`` tables per setting, and td-sign's estimates).
+``diagnostics/*.csv`` (the ``factor diagnose`` tables per setting, and td-sign's estimates),
+and ``records/`` (each run's per-action records, from which the diagnostics are recomputed).
+A study too long for one sitting is exported in parts: ``export STUDY --partial`` after each
+sitting adds the cells finished in it (the ledger and run folders of earlier sittings may be
+gone; the exported files keep what the page needs), and the next sitting runs the rest
+(``factor study run STUDY --seeds ...``).
 ``render`` reads them, computes the comparisons (hierarchical bootstrap, seed-by-seed wins),
 draws the pictures, and fills ``experiments/RESULTS.md.in`` into ``docs/RESULTS.md``.
 """
@@ -74,9 +79,26 @@ than td-sign's plan, as each drawn action costs a replay of its trajectory (and 
 3N episodes)."""
 
 
-def export(study: str, out: Path, samples: int, actions: int, replays: Path | None = None) -> None:
+CELL = ["setting", "method", "seed"]
+"""What names a cell in the exported files: a re-export of the same cell replaces its rows."""
+ESTIMATE_COLUMNS = ["method", "seed", "run_id", "step", "phase", "traj", "turn", "group",
+                    "credit", "a_seq", "value", "q", "v", "mc", "v_returns", "samples",
+                    "failed"]  # fmt: skip
+"""The td-sign replay's columns kept: enough to recompute td-sign and the value's Table 17."""
+
+
+def export(
+    study: str, out: Path, plan: Any, replays: Path | None = None, partial: bool = False
+) -> None:
     """Everything ``render`` needs from the ledger and the run folders (cwd: the study's
-    project root), written under ``out``."""
+    project root), written under ``out``.
+
+    A study that does not fit one sitting is exported in parts (``partial``): each export adds
+    the cells finished since, replacing the rows of a cell exported before (:data:`CELL`), and
+    keeps the others. The runs' per-action records are kept under ``out/records/`` (a few tens
+    of kB per run, gzipped), so the pooled diagnostics are recomputed over every exported run,
+    including those whose ledger and folders are gone; only the Monte-Carlo replays need a
+    run's folder, and each run is replayed once, in the sitting that exports it."""
     from factor_cli.studies.matrix import expand
     from factor_cli.studies.results import gather
     from factor_cli.studies.spec import load_spec
@@ -85,24 +107,99 @@ def export(study: str, out: Path, samples: int, actions: int, replays: Path | No
     spec, path = load_spec(study)
     matrix = expand(spec, path)
     results = gather(matrix, matrix_states(matrix, 600.0))
-    if results.missing:
-        raise SystemExit(f"{study}: {len(results.missing)} cell(s) unfinished; run the study first")
+    if results.missing and not partial:
+        raise SystemExit(f"{study}: {len(results.missing)} cell(s) unfinished; run the study "
+                         "first, or export the finished ones with --partial")  # fmt: skip
+    if results.items.empty:
+        raise SystemExit(f"{study}: no finished cell to export")
+    if replays is not None and partial:
+        raise SystemExit("--replays needs every run's folder: export the whole study")
     labels = {cell.key: _setting(cell.config) for cell in matrix.cells}
     # A row is named for its variant (distill's "factor-no-kl" runs method factor): label by it.
     items = results.items.assign(
         setting=results.items["cell_key"].map(labels), method=results.items["variant"]
     )
     settings = items.drop_duplicates("run_id").set_index("run_id")["setting"]
-    out.mkdir(parents=True, exist_ok=True)
     cols = ["setting", "method", "seed", "item_id", "category", "success", "score", "run_id"]
-    items[cols].sort_values(cols[:4]).to_csv(out / "items.csv", index=False)
     runs = results.runs.merge(settings.rename("setting"), left_on="run_id", right_index=True)
-    runs = runs.assign(method=runs["variant"])
+    runs = _with_change(runs.assign(method=runs["variant"]))
     keep = ["setting", "method", "seed", "run_id", "wall_clock_hours", "cpu_core_hours",
-            "interactions", "git_commit"]  # fmt: skip
-    runs[keep].sort_values(keep[:3]).to_csv(out / "runs.csv", index=False)
-    _export_curves(runs, out)
-    _export_diagnostics(runs, out / "diagnostics", samples, actions, replays)
+            "interactions", "git_commit", "change", "change_low", "change_high"]  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    new_runs = runs[keep]
+    all_runs = _merge(out / "runs.csv", new_runs, keep[:3])
+    _merge(out / "items.csv", items[cols], cols[:4])
+    curves, steps = _curves(new_runs)
+    _merge(out / "curves.csv", curves, [*CELL, "step"])
+    _merge(out / "steps.csv", steps, [*CELL, "step"])
+    _store_records(new_runs["run_id"].tolist(), all_runs["run_id"].tolist(), out / "records")
+    _export_diagnostics(all_runs, new_runs, out, plan, replays)
+    if results.missing:
+        print(f"{study}: exported {len(new_runs)} finished run(s); {len(results.missing)} "
+              f"cell(s) not finished here ({len(all_runs)} exported in all)")  # fmt: skip
+
+
+def _merge(path: Path, new: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """``new`` written to ``path`` with the rows already there whose cell ``new`` does not
+    hold (written whole, renamed into place); returns what was written."""
+    from factor_cli.atomic import atomic_target
+
+    frame = new
+    if path.exists():
+        old = pd.read_csv(path, dtype={"item_id": str, "category": str})
+        cells = set(new[CELL].astype(str).itertuples(index=False, name=None))
+        mine = old[CELL].astype(str).apply(tuple, axis=1).isin(cells)
+        frame = pd.concat([old[~mine], new], ignore_index=True)
+    frame = frame.sort_values(keys, kind="stable").reset_index(drop=True)
+    with atomic_target(path) as tmp:
+        frame.to_csv(tmp, index=False)
+    return frame
+
+
+def _with_change(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each run's final-against-start change with its paired 95% CI, as the run logged it."""
+    from factor_cli.ledger.store import open_client, resolve_tracking_uri
+
+    client = open_client(resolve_tracking_uri(None), create=False)
+    metrics = [client.get_run(r).data.metrics for r in runs["run_id"]]
+    return runs.assign(
+        change=[m.get("eval_metric_delta", np.nan) for m in metrics],
+        change_low=[m.get("eval_metric_delta_ci_low", np.nan) for m in metrics],
+        change_high=[m.get("eval_metric_delta_ci_high", np.nan) for m in metrics],
+    )
+
+
+RECORD_KINDS = ("actions", "continuations")
+
+
+def _store_records(new: list[str], keep: list[str], folder: Path) -> None:
+    """The ledger's per-action records of the ``new`` runs under ``folder`` (one gzipped CSV
+    per run and kind, with the run's tags); records of runs no longer exported are removed."""
+    from factor_cli.atomic import atomic_target
+    from factor_cli.ledger.records import load_records
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for run_id in new:
+        recs = load_records([run_id])
+        for kind in RECORD_KINDS:
+            with atomic_target(folder / f"{run_id}-{kind}.csv.gz") as tmp:
+                getattr(recs, kind).to_csv(tmp, index=False, compression="gzip")
+    for stale in folder.glob("*.csv.gz"):
+        if stale.name.split("-", 1)[0] not in keep:
+            stale.unlink()
+
+
+def stored_records(folder: Path, run_ids: Sequence[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(actions, continuations) of ``run_ids`` from ``folder`` (:func:`_store_records`)."""
+    frames = []
+    for kind in RECORD_KINDS:
+        parts = [pd.read_csv(folder / f"{r}-{kind}.csv.gz", dtype={"instance": str},
+                             keep_default_na=False, na_values=[""]) for r in run_ids]  # fmt: skip
+        frame = pd.concat(parts, ignore_index=True)
+        if "action" in frame:  # an action's text may read "None": only an empty field is missing
+            frame["action"] = frame["action"].fillna("").astype(str)
+        frames.append(frame)
+    return frames[0], frames[1]
 
 
 def _run_dirs(runs: pd.DataFrame) -> dict[str, Path]:
@@ -112,7 +209,8 @@ def _run_dirs(runs: pd.DataFrame) -> dict[str, Path]:
     return {r.run_id: Path(r.run_dir) for r in recs.runs.itertuples() if r.run_dir}
 
 
-def _export_curves(runs: pd.DataFrame, out: Path) -> None:
+def _curves(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(eval success by step, training metrics by step) of ``runs``, from their folders."""
     folders = _run_dirs(runs)
     curves, steps = [], []
     for run in runs.itertuples(index=False):
@@ -127,73 +225,88 @@ def _export_curves(runs: pd.DataFrame, out: Path) -> None:
             last[rec["step"]] = rec  # a resumed run rewrites a step: keep the last
         for k, rec in sorted(last.items()):
             steps.append({**label, "step": k, **{m: rec.get(m) for m in STEP_METRICS}})
-    keys = ["setting", "method", "seed", "step"]
+    keys = [*CELL, "step"]
     curves_df = pd.DataFrame(curves).drop_duplicates(keys, keep="last").sort_values(keys)
-    curves_df.to_csv(out / "curves.csv", index=False)
-    pd.DataFrame(steps).sort_values(keys).to_csv(out / "steps.csv", index=False)
+    return curves_df, pd.DataFrame(steps).sort_values(keys)
 
 
 def _export_diagnostics(
-    runs: pd.DataFrame, out: Path, samples: int, actions: int, replays: Path | None
+    runs: pd.DataFrame, new: pd.DataFrame, out: Path, plan: Any, replays: Path | None
 ) -> None:
+    """The diagnostics of every exported run (``runs``) from the stored records, the td-sign
+    replays of the ``new`` FACTOR runs added to those exported before (``plan``: theirs)."""
     from rich.progress import Progress
 
-    from factor_cli.diagnostics.replay import McPlan
-    from factor_cli.diagnostics.td_sign import td_sign_estimates
-    from factor_cli.ledger.records import load_records
+    from factor_cli.ledger.records import Records, load_records
     from factor_cli.rollout.credit_replay import COMPARED, replay_credit
     from factor_cli.stats import diagnose as d
 
-    out.mkdir(parents=True, exist_ok=True)
+    folder = out / "diagnostics"
+    folder.mkdir(parents=True, exist_ok=True)
     tables: dict[str, list[pd.DataFrame]] = {}
-    estimates = []
+    estimates = _estimates(runs, new, folder / "td-sign-estimates.csv", plan)
     for (setting, label), group in runs.groupby(["setting", "method"], sort=True):
         # One row (variant) at a time, relabelled: two rows may share a ledger method.
-        recs = load_records(group["run_id"].tolist())
+        acts, conts = stored_records(out / "records", group["run_id"].tolist())
         found = {
-            "coef-deviation": d.coef_deviation(recs.actions),
-            "groups": d.group_signal(recs.actions),
-            "length-bias": d.length_bias(recs.actions),
-            "horizon": d.horizon(recs.actions),
-            "compare": d.credit_agreement(replay_credit(recs.actions), list(COMPARED)),
-            "position": d.credit_by_position(recs.actions, seed=BOOT_SEED),
+            "coef-deviation": d.coef_deviation(acts),
+            "groups": d.group_signal(acts),
+            "length-bias": d.length_bias(acts),
+            "horizon": d.horizon(acts),
+            "compare": d.credit_agreement(replay_credit(acts), list(COMPARED)),
+            "position": d.credit_by_position(acts, seed=BOOT_SEED),
         }
         # Only rows with a value head and continuations (FACTOR's) have a calibration: a row
         # of its own (distill's GRPO, SERL-Repro) has neither.
-        if recs.actions["value"].notna().any() and not recs.continuations.empty:
-            found["value"], found["reliability"] = d.value_calibration(
-                recs.actions, recs.continuations
-            )
+        if acts["value"].notna().any() and not conts.empty:
+            found["value"], found["reliability"] = d.value_calibration(acts, conts)
+        est = estimates[estimates["run_id"].isin(group["run_id"])]
+        if not est.empty:  # Table 17 against the independent reference
+            found["value-mc"] = d.value_against_mc(est, acts, seed=BOOT_SEED)
+        if replays is not None:
+            recs = load_records(group["run_id"].tolist())
+            found.update(_replay_tables(Records(acts, conts, recs.runs), replays, Progress))
         for name, table in found.items():
             # One environment per setting: the setting column says it.
             table = table.drop(columns="env", errors="ignore").assign(method=label)
             tables.setdefault(name, []).append(table.assign(setting=setting))
+    for name, parts in tables.items():
+        pd.concat(parts, ignore_index=True).to_csv(folder / f"{name}.csv", index=False)
+
+
+def _estimates(runs: pd.DataFrame, new: pd.DataFrame, path: Path, plan: Any) -> pd.DataFrame:
+    """td-sign's estimates of every exported FACTOR run: those exported before (kept while their
+    cell is), and the ``new`` runs' replayed now under ``plan`` (cached under runs/)."""
+    from rich.progress import Progress
+
+    from factor_cli.atomic import atomic_target
+    from factor_cli.diagnostics.td_sign import td_sign_estimates
+    from factor_cli.ledger.records import load_records
+
+    old = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=ESTIMATE_COLUMNS)
+    old = old[old["run_id"].isin(runs["run_id"]) & ~old["run_id"].isin(new["run_id"])]
+    if not old.empty and int(old["samples"].iloc[0]) != plan.samples:
+        raise SystemExit(f"{path}: exported with --samples {int(old['samples'].iloc[0])}; "
+                         f"export the rest with the same plan")  # fmt: skip
+    parts = [old]
+    for (setting, label), group in new.groupby(["setting", "method"], sort=True):
+        recs = load_records(group["run_id"].tolist())
         factor = recs.runs[recs.runs["method"] == "factor"]
         if factor.empty:
             continue
-        cache = Path("runs") / "td-sign-estimates"
         with Progress() as bar:
-            task = bar.add_task(f"td-sign {setting}", total=None)
+            task = bar.add_task(f"td-sign {setting} {label}", total=None)
 
-            def progress(label: str, i: int, n: int, task: Any = task) -> None:
-                bar.update(task, description=label, completed=i, total=n)
+            def progress(text: str, i: int, n: int, task: Any = task) -> None:
+                bar.update(task, description=text, completed=i, total=n)
 
-            plan = McPlan(samples, actions, BOOT_SEED)
-            est = td_sign_estimates(recs.actions, factor, plan, cache, progress)
-        keep = ["method", "seed", "run_id", "step", "phase", "traj", "turn", "credit", "a_seq",
-                "q", "v", "mc", "samples", "failed"]  # fmt: skip
-        estimates.append(est[keep].assign(setting=setting, method=label))
-        # Table 17 against the independent reference (`factor diagnose value`'s first table).
-        mc = d.value_against_mc(est, recs.actions, seed=BOOT_SEED).drop(
-            columns="env", errors="ignore"
-        )
-        tables.setdefault("value-mc", []).append(mc.assign(setting=setting, method=label))
-        if replays is not None:
-            for name, table in _replay_tables(recs, replays, progress_bar=Progress).items():
-                tables.setdefault(name, []).append(table.assign(setting=setting, method=label))
-    for name, parts in tables.items():
-        pd.concat(parts, ignore_index=True).to_csv(out / f"{name}.csv", index=False)
-    pd.concat(estimates, ignore_index=True).to_csv(out / "td-sign-estimates.csv", index=False)
+            est = td_sign_estimates(recs.actions, factor, plan, Path("runs") / "td-sign-estimates",
+                                    progress)  # fmt: skip
+        parts.append(est[ESTIMATE_COLUMNS].assign(setting=setting, method=label))
+    frame = pd.concat(parts, ignore_index=True)
+    with atomic_target(path) as tmp:
+        frame.to_csv(tmp, index=False)
+    return frame
 
 
 def _replay_tables(recs: Any, cache: Path, progress_bar: Any) -> dict[str, pd.DataFrame]:
@@ -386,6 +499,7 @@ def study_blocks(folder: Path) -> dict[str, str]:
         blocks["position"] = _md(position_table(_diag(folder, "position")))
     if (folder / "diagnostics" / "value-mc.csv").exists():
         blocks["value-mc"] = _md(value_mc_table(_diag(folder, "value-mc")))
+        blocks["runs"] = _md(run_table(folder))  # exported with records since 2026-12-06
     return {f"{name}.{k}": v for k, v in blocks.items()}
 
 
@@ -419,6 +533,60 @@ def value_mc_table(value_mc: pd.DataFrame) -> pd.DataFrame:
     out = wide.reset_index().assign(order=lambda f: f["phase"].map(PHASE_ORDER))
     out = out.sort_values(["setting", "method", "order"]).drop(columns="order")
     return out.reset_index(drop=True)
+
+
+def run_table(folder: Path, turns: int = 6) -> pd.DataFrame:
+    """One row per exported run whose credit has a value head (issue 37's per-seed check): greedy
+    success at the start and the end, the change with the paired 95% CI the run logged; late in
+    the run, the value against the independent reference (Pearson r, bias, sign accuracy, each
+    with its noise ceiling where it has one) and TD credit's sign agreement; and in successful
+    trajectories, the first action's mean credit share A*_0 / A^seq [95% CI] and the lowest
+    mean share over turns 0..``turns``-1 (negative: some position is pushed against a win)."""
+    runs = pd.read_csv(folder / "runs.csv")
+    curves = pd.read_csv(folder / "curves.csv")
+    est = pd.read_csv(folder / "diagnostics" / "td-sign-estimates.csv")
+    replayed = runs[runs["run_id"].isin(est["run_id"])]
+    rows = [_run_row(folder, run, curves, est[est["run_id"] == run.run_id], turns)
+            for run in replayed.itertuples(index=False)]  # fmt: skip
+    return pd.DataFrame(rows).sort_values(["method", "seed"]).reset_index(drop=True)
+
+
+def _ci(v: float, lo: float, hi: float, signed: bool = True) -> str:
+    f = "+.2f" if signed else ".2f"
+    return f"{v:{f}} [{lo:{f}}, {hi:{f}}]"
+
+
+def _run_row(folder: Path, run: Any, curves: pd.DataFrame, est: pd.DataFrame, turns: int) -> dict:
+    """:func:`run_table`'s row of one run (``est``: its td-sign estimates)."""
+    from factor_cli.stats import diagnose as d
+
+    acts, _ = stored_records(folder / "records", [run.run_id])
+    curve = curves[(curves["method"] == run.method) & (curves["seed"] == run.seed)]
+    curve = curve.set_index("step")["success"].sort_index()
+    value = d.value_against_mc(est, acts, seed=BOOT_SEED)
+    value = value[value["phase"] == "late"].set_index("metric")
+    v = {m: _ci(*value.loc[m, ["value", "ci_low", "ci_high"]], signed=m == "bias")
+         for m in ("pearson", "bias", "sign_accuracy")}  # fmt: skip
+    sign = d.td_sign(est, seed=BOOT_SEED).set_index("phase")
+    pos = d.credit_by_position(acts, seed=BOOT_SEED)
+    wins = pos[pos["result"] == "success"].set_index("position")
+    shares = wins.loc[[str(t) for t in range(turns) if str(t) in wins.index], "share"]
+    late = sign.loc["late"] if "late" in sign.index else None
+    return {
+        "method": run.method, "seed": run.seed,
+        "start -> end": f"{curve.iloc[0]:.2f} -> {curve.iloc[-1]:.2f}",
+        "change [95% CI]": _ci(run.change, run.change_low, run.change_high),
+        "value r / ceiling": f"{v['pearson']} / {value.loc['pearson', 'ceiling']:.2f}",
+        "value bias": v["bias"],
+        "value sign acc. / ceiling":
+            f"{v['sign_accuracy']} / {value.loc['sign_accuracy', 'ceiling']:.2f}",
+        "TD sign agr. / ceiling": "-" if late is None else
+            f"{_ci(*late[['agreement', 'ci_low', 'ci_high']], signed=False)} / "
+            f"{late['ceiling']:.2f}",
+        "first action of a win": "-" if "0" not in wins.index else
+            _ci(*wins.loc["0", ["share", "share_low", "share_high"]]),
+        f"lowest share, turns 0-{turns - 1}": f"{shares.min():+.2f}",
+    }  # fmt: skip
 
 
 def render(results: Path, template: Path) -> str:
@@ -463,6 +631,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     ex.add_argument("--actions", type=int, default=32, help="td-sign actions per replayed step")
     ex.add_argument("--replays", type=Path, default=None, metavar="CACHE",
                     help="also feedback and token-perturb, cached under CACHE/<kind>")  # fmt: skip
+    ex.add_argument(
+        "--partial",
+        action="store_true",
+        help="export the finished cells now, the rest later (a study in sittings)",
+    )
+    ex.add_argument("--to-end", action="store_true",
+                    help="td-sign's continuations play to the episode's end (not the run's "
+                    "continuations.horizon)")  # fmt: skip
+    ru = sub.add_parser("runs", help="docs/results/STUDY/ -> a table of its runs (Markdown)")
+    ru.add_argument("study")
     re_ = sub.add_parser("render", help="docs/results/ -> docs/RESULTS.md")
     re_.add_argument("--results", type=Path, default=RESULTS)
     re_.add_argument("--out", type=Path, default=ROOT / "docs" / "RESULTS.md")
@@ -470,7 +648,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.command == "export":
         out = args.out or RESULTS / args.study
-        export(args.study, out, args.samples, args.actions, args.replays)
+        from factor_cli.diagnostics.replay import McPlan
+
+        plan = McPlan(args.samples, args.actions, BOOT_SEED, to_end=args.to_end)
+        export(args.study, out, plan, args.replays, args.partial)
+    elif args.command == "runs":
+        print(_md(run_table(RESULTS / args.study)))
     else:
         args.out.write_text(render(args.results, args.template))
         print(f"wrote {args.out}")

@@ -49,6 +49,7 @@ class McOptions:
     seed: int
     out: Path
     replace: str = "vocab"
+    to_end: bool = False
 
 
 def _replaying(
@@ -75,8 +76,9 @@ def _replaying(
         module, fn = estimates.split(":")
         estimate = getattr(importlib.import_module(f"factor_cli.diagnostics.{module}"), fn)
         replace = mc.replace if name == "token-perturb" else "vocab"  # others draw no tokens
+        to_end = mc.to_end and name in ("td-sign", "value")  # the others keep the run's
         plan = McPlan(samples=samples or mc.samples, actions=mc.actions, seed=mc.seed,
-                      replace=replace)  # fmt: skip
+                      replace=replace, to_end=to_end)  # fmt: skip
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task(name, total=None)
 
@@ -261,6 +263,15 @@ def diagnose_cmd(
             "the state's admissible actions (admissible: a perturbed action can stay valid).",
         ),
     ] = "vocab",
+    to_end: Annotated[
+        bool,
+        typer.Option(
+            "--to-end",
+            help="td-sign, value: continuations play until the episode ends, not for the "
+            "run's continuations.horizon turns (a reference the training's horizon choice "
+            "does not shape).",
+        ),
+    ] = False,
     tracking_uri: TrackingOpt = None,
     experiment: ExperimentOpt = "factor",
 ) -> None:
@@ -311,7 +322,7 @@ def diagnose_cmd(
     """
     if replace not in ("vocab", "admissible"):
         fail(f"--replace {replace!r}: expected vocab or admissible")
-    kinds = _kinds(McOptions(samples, actions, mc_seed, out, replace))
+    kinds = _kinds(McOptions(samples, actions, mc_seed, out, replace, to_end))
     if kind not in kinds:
         fail(f"unknown diagnostic {kind!r}; available: {', '.join(kinds)}")
     window = _steps(steps)

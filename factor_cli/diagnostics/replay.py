@@ -52,6 +52,10 @@ class McPlan:
     replace: str = "vocab"
     """token-perturb's replacement tokens: ``vocab`` (uniform over the vocabulary) or
     ``admissible`` (uniform over the tokens of the state's admissible actions)."""
+    to_end: bool = False
+    """td-sign and value: play each continuation until the episode ends (the env's turn limit)
+    instead of for the run's ``continuations.horizon`` turns, so that the reference is the
+    return a state can still reach, whatever horizon the run's value targets used."""
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:

@@ -99,9 +99,11 @@ def per_kept_step(
 
 
 def cache_name(run_id: str, step: int, plan: McPlan) -> str:
-    """The cache file of one (run, step, plan); ``-rows``: the whole rows, not the estimates
+    """The cache file of one (run, step, plan; ``-end``: continuations to the episode's end);
+    ``-rows``: the whole rows, not the estimates
     alone as caches written before 2026-12-03 held (those are not read)."""
     mode = "" if plan.replace == "vocab" else f"-r{plan.replace}"  # older names stay valid
+    mode += "-end" if plan.to_end else ""
     return f"{run_id}-step{step:06d}-n{plan.samples}-a{plan.actions}-s{plan.seed}{mode}-rows.csv"
 
 
@@ -121,8 +123,8 @@ def _step_estimates(
     chosen = draw_actions(step_actions, plan)
     ckpt = checkpoint_dir(run_dir, k - 1)
     cfg = run_config(ckpt)
-    plan = dataclasses.replace(plan, horizon=cfg.continuations.horizon,
-                               temperature=cfg.continuations.temperature)  # fmt: skip
+    horizon = cfg.env.max_turns if plan.to_end else cfg.continuations.horizon
+    plan = dataclasses.replace(plan, horizon=horizon, temperature=cfg.continuations.temperature)
     policy = load_checkpoint_policy(run_dir, ckpt, cfg)
     mc = mc_advantages(cfg, policy, step_actions, chosen, plan, on_turn=on_turn)
     cols = [c for c in chosen.columns if c not in ("run_id", "method", "env", "seed")]

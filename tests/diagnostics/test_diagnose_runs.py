@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -217,3 +218,30 @@ def test_token_perturb_plays_out_both_quartiles_of_drawn_actions(study: dict[str
     assert table["auc"].between(0, 1).all() and table["actions"].sum() == len(pairs)
     stamp = cache.stat().st_mtime_ns
     assert diagnose(study, *args).exit_code == 0 and cache.stat().st_mtime_ns == stamp
+
+
+def test_to_end_plays_the_reference_to_the_episode_end_under_its_own_cache(
+    study: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--to-end: the independent continuations run for the env's turn limit (3 in the tiny
+    runs), not the run's continuations.horizon (2), and are cached apart from the run-horizon
+    estimates."""
+    import factor_cli.diagnostics.td_sign as td
+
+    horizons: list[int] = []
+    real = td.mc_advantages
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        horizons.append(args[4].horizon)  # (cfg, policy, step actions, chosen, plan)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(td, "mc_advantages", spy)
+    base = ("value", study["factor"], "--samples", "2", "--actions", "2", "--mc-seed", "9")
+    assert diagnose(study, *base).exit_code == 0
+    res = diagnose(study, *base, "--to-end")
+    assert res.exit_code == 0, res.output
+    assert horizons == [2, 3]
+    cache = sorted(p.name for p in (Path(study["out"]) / "td-sign-estimates").glob("*-s9*"))
+    assert [n.split("-", 1)[1] for n in cache] == [
+        "step000002-n2-a2-s9-end-rows.csv", "step000002-n2-a2-s9-rows.csv"
+    ]  # fmt: skip

@@ -70,3 +70,34 @@ def test_value_mc_table_orders_phases_and_sets_each_ceiling_beside_its_metric() 
     assert table.loc[0, "pearson"] == "0.3 [0.2, 0.4]"
     assert table["pearson ceiling"].tolist() == [0.9] * 3
     assert "mse ceiling" not in table.columns
+
+
+def test_a_partial_export_replaces_its_own_cells_and_keeps_the_others(tmp_path: Path) -> None:
+    import pandas as pd
+
+    mr = _module()
+    path = tmp_path / "runs.csv"
+    first = pd.DataFrame({"setting": ["coin6 T12"] * 2, "method": ["grpo", "factor"],
+                          "seed": [1, 1], "run_id": ["a", "b"]})  # fmt: skip
+    mr._merge(path, first, ["setting", "method", "seed"])
+    later = pd.DataFrame({"setting": ["coin6 T12"] * 2, "method": ["factor", "grpo"],
+                          "seed": [1, 2], "run_id": ["c", "d"]})  # fmt: skip
+    merged = mr._merge(path, later, ["setting", "method", "seed"])
+    assert merged.equals(pd.read_csv(path))
+    assert merged[["method", "seed", "run_id"]].values.tolist() == [
+        ["factor", 1, "c"], ["grpo", 1, "a"], ["grpo", 2, "d"]
+    ]  # fmt: skip
+
+
+def test_stored_records_read_back_as_written(tmp_path: Path) -> None:
+    import pandas as pd
+
+    mr = _module()
+    acts = pd.DataFrame({"run_id": ["r"] * 2, "instance": ["007", "8"], "action": ["None", "go"],
+                         "value": [0.5, None]})  # fmt: skip
+    conts = pd.DataFrame({"run_id": ["r"], "ret": [1.0]})
+    acts.to_csv(tmp_path / "r-actions.csv.gz", index=False, compression="gzip")
+    conts.to_csv(tmp_path / "r-continuations.csv.gz", index=False, compression="gzip")
+    got, got_conts = mr.stored_records(tmp_path, ["r"])
+    assert got["instance"].tolist() == ["007", "8"] and got["action"].tolist() == ["None", "go"]
+    assert got["value"].isna().tolist() == [False, True] and got_conts.equals(conts)
