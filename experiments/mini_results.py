@@ -47,7 +47,8 @@ COMPARISONS = {
 DEFAULT_COMPARISONS = (("factor", "serl-repro"), ("factor", "grpo"))
 STEP_METRICS = (
     "success_rate", "turns_mean", "group_signal", "zero_credit_share", "coef_deviation_median",
-    "value_target_mse", "strength", "time_rollout", "time_continuations", "time_update",
+    "value_target_mse", "strength", "kl_coef", "kl", "time_rollout", "time_continuations",
+    "time_update",
 )  # fmt: skip
 RESAMPLES = 10_000
 PHASE_ORDER = {"early": 0, "late": 1, "all": 2}
