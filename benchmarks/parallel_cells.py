@@ -2,12 +2,16 @@
 the cells help?
 
     .venv/bin/python benchmarks/parallel_cells.py [--max-parallel 2] [--cells 2] [--steps 3]
-        [--method grpo] [--json]
+        [--method grpo] [--warm-start] [--json]
 
 Runs ``factor study run`` on a throw-away spec (``--cells`` seeds of one method on the smoke
 preset, no warm start, ``--steps`` steps, 20 eval items) in a temporary folder with its own
 ledger, and prints the study's wall-clock seconds and every cell's median seconds per training
 step (rollout + continuations + value + teacher + update, the first step left out).
+``--warm-start`` keeps the preset's warm start (built per seed in the temporary folder, about a
+minute each, inside the wall-clock but not the step medians): a warm-started policy plays and
+trains like a study's cells, an untrained one does not. Thread settings reach the cells through
+the environment (``OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venv/bin/python ...``).
 
 Every cell is a ``python -m factor_cli train`` child, so the checkout the benchmark measures is
 the one the children import: against an older commit, put its worktree first on the path
@@ -36,7 +40,7 @@ envs: [twx]
 seeds: {seeds}
 set:
   steps: {steps}
-  sft.enabled: false
+  sft.enabled: {warm_start}
   eval.max_items: 20
   eval.every: {steps}
 rows:
@@ -44,13 +48,17 @@ rows:
 """
 
 
-def run(max_parallel: int, cells: int, steps: int, method: str) -> dict[str, Any]:
+def run(
+    max_parallel: int, cells: int, steps: int, method: str, warm_start: bool = False
+) -> dict[str, Any]:
     """The study's wall-clock and each cell's median step seconds."""
     with tempfile.TemporaryDirectory(prefix="factor-parallel-") as tmp:
         root = Path(tmp)
         spec = root / "spec.yaml"
         seeds = list(range(1, cells + 1))
-        spec.write_text(SPEC.format(seeds=seeds, steps=steps, method=method))
+        spec.write_text(
+            SPEC.format(seeds=seeds, steps=steps, method=method, warm_start=str(warm_start).lower())
+        )
         command = [
             sys.executable, "-m", "factor_cli", "study", "run", str(spec),
             "--max-parallel", str(max_parallel),
@@ -65,7 +73,7 @@ def run(max_parallel: int, cells: int, steps: int, method: str) -> dict[str, Any
     if len(step_s) != cells:
         raise SystemExit(f"expected {cells} runs' metrics, found {len(step_s)}")
     return {"max_parallel": max_parallel, "cells": cells, "steps": steps, "method": method,
-            "wall_s": wall, "median_step_s": step_s}  # fmt: skip
+            "warm_start": warm_start, "wall_s": wall, "median_step_s": step_s}  # fmt: skip
 
 
 def _median_step(metrics: Path) -> float:
@@ -80,9 +88,10 @@ def main() -> None:
     parser.add_argument("--cells", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--method", default="grpo")
+    parser.add_argument("--warm-start", action="store_true", help="Keep the preset's warm start.")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    result = run(args.max_parallel, args.cells, args.steps, args.method)
+    result = run(args.max_parallel, args.cells, args.steps, args.method, args.warm_start)
     if args.json:
         print(json.dumps(result))
         return
