@@ -654,7 +654,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         plan = McPlan(args.samples, args.actions, BOOT_SEED, to_end=args.to_end)
         export(args.study, out, plan, args.replays, args.partial)
     elif args.command == "runs":
-        print(_md(run_table(RESULTS / args.study)))
+        folder = RESULTS / args.study
+        needed = [folder / "runs.csv", folder / "diagnostics" / "td-sign-estimates.csv"]
+        missing = [p for p in needed if not p.exists()]
+        if not (folder / "records").is_dir():
+            missing.append(folder / "records")
+        if missing:
+            raise SystemExit(f"{missing[0]}: not found; export the study first "
+                             f"(mini_results.py export {args.study} --partial)")  # fmt: skip
+        print(_md(run_table(folder)))
     else:
         args.out.write_text(render(args.results, args.template))
         print(f"wrote {args.out}")

@@ -101,3 +101,16 @@ def test_stored_records_read_back_as_written(tmp_path: Path) -> None:
     got, got_conts = mr.stored_records(tmp_path, ["r"])
     assert got["instance"].tolist() == ["007", "8"] and got["action"].tolist() == ["None", "go"]
     assert got["value"].isna().tolist() == [False, True] and got_conts.equals(conts)
+
+
+def test_runs_of_a_study_not_exported_is_a_one_line_error() -> None:
+    import pytest
+
+    mr = _module()
+    with pytest.raises(SystemExit) as exit_info:
+        mr.main(["runs", "no-such-study"])
+    message = str(exit_info.value)
+    assert "\n" not in message
+    assert message.endswith("not found; export the study first "
+                            "(mini_results.py export no-such-study --partial)")  # fmt: skip
+    assert "no-such-study/runs.csv" in message
