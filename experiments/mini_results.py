@@ -289,6 +289,13 @@ def _estimates(runs: pd.DataFrame, new: pd.DataFrame, path: Path, plan: Any) -> 
     if not old.empty and int(old["samples"].iloc[0]) != plan.samples:
         raise SystemExit(f"{path}: exported with --samples {int(old['samples'].iloc[0])}; "
                          f"export the rest with the same plan")  # fmt: skip
+    # Files from before the column existed were all exported without --to-end.
+    old_to_end = (
+        bool(old["to_end"].fillna(False).iloc[0]) if "to_end" in old and len(old) else False
+    )
+    if not old.empty and old_to_end != plan.to_end:
+        flag = "with" if old_to_end else "without"
+        raise SystemExit(f"{path}: exported {flag} --to-end; export the rest the same way")
     parts = [old]
     for (setting, label), group in new.groupby(["setting", "method"], sort=True):
         recs = load_records(group["run_id"].tolist())
@@ -303,7 +310,9 @@ def _estimates(runs: pd.DataFrame, new: pd.DataFrame, path: Path, plan: Any) -> 
 
             est = td_sign_estimates(recs.actions, factor, plan, Path("runs") / "td-sign-estimates",
                                     progress)  # fmt: skip
-        parts.append(est[ESTIMATE_COLUMNS].assign(setting=setting, method=label))
+        parts.append(
+            est[ESTIMATE_COLUMNS].assign(setting=setting, method=label, to_end=plan.to_end)
+        )
     frame = pd.concat(parts, ignore_index=True)
     with atomic_target(path) as tmp:
         frame.to_csv(tmp, index=False)
