@@ -115,6 +115,7 @@ class CellJob:
     retry_failed: int = 0
     force: bool = False
     stale_after: float = 600.0
+    threads: int = 0  # intra-op threads of the child (OMP_NUM_THREADS); 0: torch's default
     _child: Any = field(default=None, repr=False, compare=False)
     _attempt: Any = field(default=None, repr=False, compare=False)  # (n, started, log, resume)
 
@@ -197,6 +198,8 @@ class CellJob:
         """Run the child with the lock fd inherited; Ctrl-C waits for it to close its run."""
         log = self.folder / f"attempt-{attempt}.log"
         env = {**os.environ, "FACTOR_STUDY_CELL": self.key}
+        if self.threads and "OMP_NUM_THREADS" not in os.environ:  # the user's setting wins
+            env["OMP_NUM_THREADS"] = str(self.threads)
         self._attempt = (attempt, _now(), log, resume)
         with log.open("ab") as out:
             child = self._child = subprocess.Popen(

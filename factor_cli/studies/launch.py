@@ -7,8 +7,11 @@ state (:func:`factor_cli.studies.state.to_launch`), and hands them to a launcher
 
 ``local``  submitit's ``LocalExecutor`` (one process tree per cell). It has no queue, so the
            runner keeps at most ``max_parallel`` cells in flight, hands each its own GPUs
-           (``visible_gpus``), and waits; a cell another runner holds is waited for and then
-           re-examined. ``timeout_min`` is set explicitly (submitit's local default is 2 min).
+           (``visible_gpus``) and an equal share of this machine's cores (``OMP_NUM_THREADS``:
+           two cells each on torch's default of every core spin at OpenMP barriers for cores
+           the other holds, 3-5x slower per step; docs/benchmarks.md "Cells in parallel"),
+           and waits; a cell another runner holds is waited for and then re-examined.
+           ``timeout_min`` is set explicitly (submitit's local default is 2 min).
 ``slurm``  all cells in ONE job array (``--array=0-N%max_parallel``) with ``--requeue`` and
            submitit's pre-timeout signal (``--signal=USR2@signal_delay_s``): the job's
            ``checkpoint()`` stops the cell and requeues it, and the requeued job resumes the run.
@@ -25,7 +28,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -293,18 +296,20 @@ def _visible_gpus(per_job: int) -> list[int]:
 class _LocalPool:
     """At most ``max_parallel`` cells in flight, each with its own GPUs."""
 
-    def __init__(self, matrix: Matrix, options: LaunchOptions, on_event: Event) -> None:
+    def __init__(self, matrix: Matrix, options: LaunchOptions, on_event: Event, jobs: int) -> None:
         self.matrix, self.options, self.on_event = matrix, options, on_event
         self.executor = _executor(matrix, "local")
         self.free = _visible_gpus(options.gpus_per_job)
         per_job = max(options.gpus_per_job, 1)
         limit = len(self.free) // per_job if options.gpus_per_job else options.max_parallel
         self.slots = max(1, min(options.max_parallel, limit))
+        self.threads = cell_threads(min(self.slots, jobs))
         self.flight: list[tuple[Any, CellJob, list[int]]] = []
         self.outcomes: list[Outcome] = []
 
     def start(self, job: CellJob) -> None:
         gpus = [self.free.pop(0) for _ in range(self.options.gpus_per_job)]
+        job = replace(job, threads=self.threads)
         self.executor.update_parameters(
             timeout_min=self.options.timeout_min, tasks_per_node=1, gpus_per_node=len(gpus),
             visible_gpus=tuple(gpus),
@@ -342,6 +347,13 @@ class _LocalPool:
         return [job.label for _, job, _ in self.flight]
 
 
+def cell_threads(slots: int, cores: int | None = None) -> int:
+    """Each of ``slots`` cells' share of the cores this process may use (at least one)."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // max(slots, 1))
+
+
 def _result(sub: Any, job: CellJob) -> Outcome:
     try:
         return sub.result()
@@ -355,7 +367,7 @@ def launch_local(
     matrix: Matrix, jobs: list[CellJob], options: LaunchOptions, on_event: Event
 ) -> list[Outcome]:
     """Run the cells here, ``max_parallel`` at a time; waits for all of them."""
-    pool = _LocalPool(matrix, options, on_event)
+    pool = _LocalPool(matrix, options, on_event, len(jobs))
     queue, waiting = list(jobs), []
     try:
         while queue or pool.flight or waiting:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ def test_local_cells_get_disjoint_gpus_and_at_most_what_fits(
     monkeypatch.setattr(launch, "_executor", lambda matrix, cluster: fake)
     matrix = _matrix(tmp_path)
     options = LaunchOptions(max_parallel=8, gpus_per_job=2)
-    pool = launch._LocalPool(matrix, options, lambda *a: None)
+    pool = launch._LocalPool(matrix, options, lambda *a: None, jobs=2)
     assert pool.slots == 2  # five GPUs hold two cells of two
     jobs = [launch._job(matrix, cell, options) for cell in matrix.cells[:2]]
     for job in jobs:
@@ -143,3 +144,45 @@ def test_the_cell_key_ignores_defaults_so_new_fields_keep_finished_cells() -> No
     defaults_later = {"a": 0, "sec": {"x": 2, "y": 0, "new": 0.5}, "added": {"z": 1}}
     expected = {"a": 1, "sec": {"y": 3}}
     assert m._sparse(dump, defaults) == m._sparse(later, defaults_later) == expected
+
+
+@pytest.mark.parametrize(
+    ("slots", "cores", "threads"), [(1, 2, 2), (2, 2, 1), (3, 2, 1), (2, 16, 8), (3, 16, 5)]
+)
+def test_each_cell_in_flight_gets_an_equal_share_of_the_cores(
+    slots: int, cores: int, threads: int
+) -> None:
+    assert launch.cell_threads(slots, cores) == threads
+
+
+def test_local_cells_carry_their_thread_share_and_a_lone_cell_gets_every_core(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = _FakeExecutor()
+    monkeypatch.setattr(launch, "_executor", lambda matrix, cluster: fake)
+    monkeypatch.setattr(launch, "cell_threads", lambda slots: 12 // slots)
+    matrix = _matrix(tmp_path)
+    options = LaunchOptions(max_parallel=2)
+    for jobs, threads in ((4, 6), (1, 12)):
+        pool = launch._LocalPool(matrix, options, lambda *a: None, jobs=jobs)
+        pool.start(launch._job(matrix, matrix.cells[0], options))
+        assert fake.submitted[-1][0].threads == threads
+
+
+@pytest.mark.parametrize(("user", "seen"), [(None, "3"), ("5", "5")])
+def test_the_child_runs_on_its_thread_share_unless_the_user_set_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, user: str | None, seen: str
+) -> None:
+    if user is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", user)
+    matrix = _matrix(tmp_path)
+    job = launch._job(matrix, matrix.cells[0], LaunchOptions())
+    job = launch.replace(job, threads=3)
+    job.folder.mkdir(parents=True, exist_ok=True)
+    probe = [sys.executable, "-c", "import os; print(os.environ['OMP_NUM_THREADS'])"]
+    monkeypatch.setattr(type(job), "command", lambda self, attempt, resume: probe)
+    with (tmp_path / "lock").open("w") as lock:
+        code, log = job._train(lock.fileno(), 1, None)
+    assert code == 0 and log.read_text().strip() == seen
