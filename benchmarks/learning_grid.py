@@ -57,6 +57,15 @@ GRIDS: dict[str, list[tuple[str, list[str]]]] = {
         for n, t in ((3, 10), (3, 6), (6, 12), (6, 20))
         for g, e in ((120, 2), (30, 1))
     ],
+    # The second mini-replication's third horizon: about twice coin6 T12's winning length (TWX
+    # allows at most 11 rooms), measured before its comparison was run.
+    "horizon": [
+        (
+            f"coin{n} T{t}",
+            [f"env.options.params.coin=numLocations={n},{COIN}", f"env.max_turns={t}"],
+        )
+        for n, t in ((9, 18), (11, 24))
+    ],
     # The mini-replication's second look (issue 29): a second game of the family, measured
     # before its comparison was run.
     "cooking": [
