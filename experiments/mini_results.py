@@ -42,6 +42,7 @@ COMPARISONS = {
         ("serl-repro", "serl-repro-no-kl"), ("factor", "factor-no-kl"),
         ("serl-repro-no-kl", "grpo"), ("factor-no-kl", "grpo"),
     ),
+    "value-levers": (("factor-warmup", "factor"),),
 }  # fmt: skip
 """(subject, baseline) pairs per study (by name prefix); the rest: FACTOR against each baseline."""
 DEFAULT_COMPARISONS = (("factor", "serl-repro"), ("factor", "grpo"))
