@@ -37,6 +37,7 @@ class Variant:
     epochs: int = 4
     init: str = "policy"  # the encoder's start: policy | scratch
     standardize: bool = False  # value.standardize: z-scores with the buffer's statistics
+    turn_feature: bool = False  # append a one-hot of the state's turn index to its features
 
 
 BASE = Variant("smoke head (targets ~1,000)")
@@ -96,6 +97,22 @@ VARIANTS = [
     replace(BASE, name="ridge, ~100 targets", estimator="linear", horizon="rest", targets=100),
     replace(BASE, name="ridge, horizon 6, ~1,000 targets", estimator="linear"),
     replace(BASE, name="turn index alone", estimator="turn", horizon="rest", targets=8500),
+    replace(
+        BASE,
+        name="ridge + turn index (one-hot)",
+        estimator="linear",
+        horizon="rest",
+        targets=8500,
+        turn_feature=True,
+    ),
+    replace(
+        BASE,
+        name="ridge + turn index, ~500 targets",
+        estimator="linear",
+        horizon="rest",
+        targets=500,
+        turn_feature=True,
+    ),
     replace(BASE, name="separate encoder, from the policy", estimator="encoder", horizon="rest"),
     replace(
         BASE,
@@ -155,6 +172,26 @@ def _head(x: torch.Tensor, y: torch.Tensor, v: Variant, seed: int) -> nn.Module:
     return fitter.head.eval()
 
 
+def _warm_start_path(data: dict[str, Any]) -> Path:
+    """The warm start the data set was collected with; on a machine without it (a fresh clone)
+    it is rebuilt from the smoke preset at the data's seed, into the same cache folder."""
+    recorded = Path(data["model_path"])
+    if recorded.exists():
+        return recorded
+    from factor_cli.train.config import load_config
+    from factor_cli.train.run import warm_start
+    from factor_cli.train.trainer import ensure_model
+
+    cfg = load_config("smoke", [f"seed={data['seed']}", "method=grpo"])
+    ensure_model(cfg)
+    print(f"[fit] {recorded} is not here: building the seed-{data['seed']} warm start", flush=True)
+    path = Path(warm_start(cfg, lambda *a: None, lambda m: print(m, flush=True))).resolve()
+    if path.name != recorded.name:  # the cache key covers the env, SFT and seed settings
+        raise SystemExit(f"the data set's warm start {recorded.name} differs from the smoke "
+                         f"preset's {path.name}: collect the data set again")  # fmt: skip
+    return path
+
+
 def _encoder(data: dict[str, Any], rows: np.ndarray, y: np.ndarray, test: np.ndarray,
              v: Variant, seed: int) -> np.ndarray:  # fmt: skip
     """The tiny model's backbone (the warm start's weights, or re-initialised) + a linear head,
@@ -162,8 +199,7 @@ def _encoder(data: dict[str, Any], rows: np.ndarray, y: np.ndarray, test: np.nda
     from transformers import AutoConfig, AutoModel
 
     torch.manual_seed(seed)
-    path = Path(data["model_path"])
-    path = path if path.is_absolute() else REPO / path
+    path = _warm_start_path(data)
     if v.init == "scratch":  # the same architecture, randomly initialised (seeded above)
         backbone = AutoModel.from_config(AutoConfig.from_pretrained(path))
     else:
@@ -206,6 +242,9 @@ def _predict(data: dict[str, Any], v: Variant, fit: np.ndarray, test: np.ndarray
     if v.estimator == "encoder":
         return _encoder(data, rows, y, test, v, seed), len(y)
     feats = data["features"][:, v.layer].float()
+    if v.turn_feature:  # the trainer knows each state's turn; the 1M model's features barely do
+        turn = data["turn"].long()
+        feats = torch.cat([feats, nn.functional.one_hot(turn, int(turn.max()) + 1).float()], 1)
     head = _head(feats[rows], torch.tensor(y, dtype=torch.float32), v, seed)
     with torch.no_grad():
         return head(feats[test]).numpy(), len(y)
