@@ -1,7 +1,8 @@
 """How well can a value estimate rank states at CPU scale, and which lever gets it there?
 
     .venv/bin/python benchmarks/value_fit.py collect [--seed 42] [--steps 8] [--k 16]
-    .venv/bin/python benchmarks/value_fit.py fit [--seed 42] [--json]
+        [--set a.b=c ...] [--tag NAME]
+    .venv/bin/python benchmarks/value_fit.py fit [--seed 42] [--tag NAME] [--json]
 
 ``collect`` builds one fixed data set on the smoke task (coin, six rooms, 12 turns) from the
 smoke preset's warm-started policy (seed ``--seed``): ``--steps`` rollouts of the preset's
@@ -11,7 +12,9 @@ turn limit (12 - t more turns). Each continuation keeps its outcome G and its le
 target truncated at the preset's continuation horizon (6 turns) is read off the same plays. Per
 state it stores the policy's hidden state at the boundary token (the last prompt token of
 action t) at every layer, and the prompt's token ids. The set is written once to
-``benchmarks/results/value_fit/data-s{seed}.pt`` (atomic; a rerun reuses it).
+``benchmarks/results/value_fit/data-s{seed}.pt`` (atomic; a rerun reuses it). ``--set`` changes
+the preset for another data set (``--set model.init_tiny=5m --set model.path=runs/tiny-5m``: a
+larger backbone), which ``--tag`` names (``data-s{seed}-{tag}.pt``, ``fit-s{seed}-{tag}.json``).
 
 ``fit`` splits the states by trajectory into fit (3/4) and held-out (1/4) trajectories, fits
 value estimators under variants on the fit states' single-continuation targets, and measures
@@ -107,13 +110,17 @@ def _features(model: Any, prompts: list[list[int]], batch: int = 32) -> torch.Te
     return torch.cat(out)
 
 
-def collect(seed: int, steps: int, k: int, extra: list[str]) -> Path:
+def _stem(seed: int, tag: str) -> str:
+    return f"s{seed}-{tag}" if tag else f"s{seed}"
+
+
+def collect(seed: int, steps: int, k: int, extra: list[str], tag: str = "") -> Path:
     from factor_cli.atomic import atomic_target
     from factor_cli.rollout.continuations import outcome_of
     from factor_cli.train.run import warm_start
     from factor_cli.train.trainer import Trainer, ensure_model
 
-    path = RESULTS / f"data-s{seed}.pt"
+    path = RESULTS / f"data-{_stem(seed, tag)}.pt"
     if path.exists():
         print(f"[collect] reusing {path}", file=sys.stderr)
         return path
@@ -134,7 +141,8 @@ def collect(seed: int, steps: int, k: int, extra: list[str]) -> Path:
     finally:
         trainer.close()
     data = {
-        "seed": seed, "k": k, "max_turns": trainer.max_turns, "horizon": cfg.continuations.horizon,
+        "seed": seed, "overrides": list(extra), "k": k, "max_turns": trainer.max_turns,
+        "horizon": cfg.continuations.horizon,
         "features": feats.half(),  # [N, L + 1, H]; float16 keeps the committed file small
         "outcome": torch.tensor([[g for g, _, _ in p] for p in plays]),  # [N, K]
         "length": torch.tensor([[n for _, n, _ in p] for p in plays]),  # [N, K]
@@ -164,17 +172,24 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--steps", type=int, default=8, help="rollouts of 16 roots")
     c.add_argument("--k", type=int, default=16, help="continuations per state")
     c.add_argument("--set", action="append", default=[], help="config override a.b=c")
+    c.add_argument("--tag", default="", help="names a data set collected with --set")
     f = sub.add_parser("fit", help="fit the variants and print the table")
     f.add_argument("--seed", type=int, default=42)
+    f.add_argument("--tag", default="", help="the data set's --tag")
     f.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.cmd == "collect":
-        collect(args.seed, args.steps, args.k, args.set)
+        if args.set and not args.tag:
+            ap.error("--set makes another data set: name it with --tag")
+        collect(args.seed, args.steps, args.k, args.set, args.tag)
         return 0
     from value_fit_variants import run_fit  # torch-heavy: only for fit
 
-    rows = run_fit(RESULTS / f"data-s{args.seed}.pt")
-    out = RESULTS / f"fit-s{args.seed}.json"
+    data = RESULTS / f"data-{_stem(args.seed, args.tag)}.pt"
+    if not data.exists():
+        ap.error(f"{data} is missing: run collect with the same --seed and --tag first")
+    rows = run_fit(data)
+    out = RESULTS / f"fit-{_stem(args.seed, args.tag)}.json"
     out.write_text(json.dumps(rows, indent=1) + "\n")
     print(json.dumps(rows, indent=1) if args.json else _table(rows))
     return 0

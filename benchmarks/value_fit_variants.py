@@ -182,7 +182,7 @@ def _warm_start_path(data: dict[str, Any]) -> Path:
     from factor_cli.train.run import warm_start
     from factor_cli.train.trainer import ensure_model
 
-    cfg = load_config("smoke", [f"seed={data['seed']}", "method=grpo"])
+    cfg = load_config("smoke", [f"seed={data['seed']}", "method=grpo", *data.get("overrides", [])])
     ensure_model(cfg)
     print(f"[fit] {recorded} is not here: building the seed-{data['seed']} warm start", flush=True)
     path = Path(warm_start(cfg, lambda *a: None, lambda m: print(m, flush=True))).resolve()
