@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/value_fit.py collect [--seed 42] [--steps 8] [--k 16]
         [--set a.b=c ...] [--tag NAME]
-    .venv/bin/python benchmarks/value_fit.py fit [--seed 42] [--tag NAME] [--json]
+    .venv/bin/python benchmarks/value_fit.py fit [--seed 42] [--tag NAME] [--skip-encoders] [--json]
 
 ``collect`` builds one fixed data set on the smoke task (coin, six rooms, 12 turns) from the
 smoke preset's warm-started policy (seed ``--seed``): ``--steps`` rollouts of the preset's
@@ -176,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     f = sub.add_parser("fit", help="fit the variants and print the table")
     f.add_argument("--seed", type=int, default=42)
     f.add_argument("--tag", default="", help="the data set's --tag")
+    f.add_argument("--skip-encoders", action="store_true",
+                   help="leave out the separate-encoder variants (minutes each)")  # fmt: skip
     f.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.cmd == "collect":
@@ -188,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     data = RESULTS / f"data-{_stem(args.seed, args.tag)}.pt"
     if not data.exists():
         ap.error(f"{data} is missing: run collect with the same --seed and --tag first")
-    rows = run_fit(data)
+    rows = run_fit(data, encoders=not args.skip_encoders)
     out = RESULTS / f"fit-{_stem(args.seed, args.tag)}.json"
     out.write_text(json.dumps(rows, indent=1) + "\n")
     print(json.dumps(rows, indent=1) if args.json else _table(rows))
