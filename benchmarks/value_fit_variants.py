@@ -176,14 +176,13 @@ def _warm_start_path(data: dict[str, Any]) -> Path:
     """The warm start the data set was collected with; on a machine without it (a fresh clone)
     it is rebuilt from the smoke preset at the data's seed, into the same cache folder."""
     recorded = Path(data["model_path"])
+    recorded = recorded if recorded.is_absolute() else REPO / recorded  # collect ran at the root
     if recorded.exists():
         return recorded
     from factor_cli.train.config import load_config
     from factor_cli.train.run import warm_start
-    from factor_cli.train.trainer import ensure_model
 
     cfg = load_config("smoke", [f"seed={data['seed']}", "method=grpo", *data.get("overrides", [])])
-    ensure_model(cfg)
     print(f"[fit] {recorded} is not here: building the seed-{data['seed']} warm start", flush=True)
     path = Path(warm_start(cfg, lambda *a: None, lambda m: print(m, flush=True))).resolve()
     if path.name != recorded.name:  # the cache key covers the env, SFT and seed settings
