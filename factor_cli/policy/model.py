@@ -273,6 +273,13 @@ class Policy:
         text = getattr(config, "get_text_config", None)
         return int((text() if text else config).hidden_size)
 
+    @property
+    def num_layers(self) -> int:
+        """L: transformer layers (hidden states L + 1 with the embeddings)."""
+        config = self.model.config
+        text = getattr(config, "get_text_config", None)
+        return int((text() if text else config).num_hidden_layers)
+
 
 def _resolve_device(device: str) -> torch.device:
     try:

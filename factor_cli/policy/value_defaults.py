@@ -28,3 +28,6 @@ VALUE_STANDARDIZE = False
 """Whether the head z-scores its features with the replay buffer's statistics (the paper: no)."""
 VALUE_HEAD = "mlp"
 """The head's kind (``factor_cli.policy.value_fitters.VALUE_HEADS``): the paper's MLP."""
+VALUE_FEATURES = "boundary"
+"""What the head reads of x_t (``factor_cli.rollout.values.VALUE_FEATURES``): the paper's
+last-layer hidden state at the boundary token."""

@@ -1,7 +1,9 @@
 """Value-head features of root states, and Monte-Carlo targets from continuations.
 
-The feature of state x_t is the backbone's last hidden state at the last token of the prompt
-of action t (the boundary before the action), computed without gradient. V_target(x_t) for every
+The feature of state x_t (``value.features``, :data:`VALUE_FEATURES`) is, as in the paper, the
+backbone's last hidden state at the last token of the prompt of action t (the boundary before
+the action), or, a CPU-scale choice, the mean over the prompt's tokens of every layer's hidden
+state; both computed without gradient. V_target(x_t) for every
 root action feeds TAC; each continuation from checkpoint x_t contributes one (feature of x_t,
 Monte-Carlo target) pair to the value head's replay buffer. Methods without a value head whose
 values are Monte-Carlo means (VinePPO's) read the mean target at each state instead.
@@ -9,12 +11,15 @@ values are Monte-Carlo means (VinePPO's) read the mean target at each state inst
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from factor_cli.credit import CONVENTIONS, monte_carlo_values
 from factor_cli.policy.generation.scoring import Scorer
+from factor_cli.registry import Registry
 
 from .continuations import ContinuationResult, outcome_of
 from .runner import Episode
@@ -32,6 +37,66 @@ def boundary_features(
         sc = score(chunk, [[] for _ in chunk], return_hidden=True)
         feats.append(sc.boundary_hidden.float().cpu())  # type: ignore[union-attr]
     return torch.cat(feats) if feats else torch.zeros(0)
+
+
+@torch.no_grad()
+def prompt_mean_features(
+    model: nn.Module, prompts: Sequence[Sequence[int]], pad_id: int = 0, batch_size: int = 16
+) -> torch.Tensor:
+    """h_t = [mean_s h^0_s ; mean_s h^1_s ; ... ; mean_s h^L_s] over the tokens s of x_t's
+    prompt, h^l the hidden state after layer l (h^0 the embeddings), [N, (L + 1) H] (detached).
+
+    ``model``: a causal LM or its backbone (hf's ``output_hidden_states``). Prompts are right
+    padded, so each row's positions are those it has alone; pads are left out of the mean.
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    feats = []
+    try:
+        for lo in range(0, len(prompts), batch_size):
+            chunk = [list(p) for p in prompts[lo : lo + batch_size]]
+            if any(not p for p in chunk):
+                raise ValueError("every prompt needs at least one token")
+            width = max(map(len, chunk))
+            ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for r, p in enumerate(chunk):
+                ids[r, : len(p)], mask[r, : len(p)] = torch.tensor(p), 1
+            out = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                        output_hidden_states=True, use_cache=False)  # fmt: skip
+            m = mask.to(device)[:, :, None].float()
+            means = [(h.float() * m).sum(1) / m.sum(1) for h in out.hidden_states]
+            feats.append(torch.cat(means, dim=1).cpu())
+    finally:
+        model.train(was_training)
+    return torch.cat(feats) if feats else torch.zeros(0)
+
+
+@dataclass(frozen=True)
+class FeatureKind:
+    """How ``value.features`` reads x_t: ``size(hidden, layers)`` is the width of one state's
+    feature; ``compute(scorer, model, prompts, pad_id)`` the features [N, size]."""
+
+    size: Callable[[int, int], int]
+    compute: Callable[[Scorer, nn.Module, Sequence[Sequence[int]], int], torch.Tensor]
+
+
+VALUE_FEATURES: Registry[FeatureKind] = Registry("value feature")
+VALUE_FEATURES.add(
+    "boundary",
+    FeatureKind(
+        size=lambda hidden, layers: hidden,
+        compute=lambda score, model, prompts, pad_id: boundary_features(score, prompts),
+    ),
+)
+VALUE_FEATURES.add(
+    "prompt_mean",
+    FeatureKind(
+        size=lambda hidden, layers: (layers + 1) * hidden,
+        compute=lambda score, model, prompts, pad_id: prompt_mean_features(model, prompts, pad_id),
+    ),
+)
 
 
 def continuation_rows(

@@ -323,6 +323,14 @@ class ValueConfig(Strict):
         "deviation before the MLP (refreshed at every fit). A scale change: a small backbone's "
         "states differ by hundredths per dimension (docs/benchmarks.md, Value fitting).",
     )
+    features: Literal["boundary", "prompt_mean"] = Field(
+        value_defaults.VALUE_FEATURES,
+        description="What the head reads of x_t. boundary (the paper's): the last layer's hidden "
+        "state at the prompt's last token; prompt_mean: every layer's hidden state (the "
+        "embeddings included) averaged over the prompt's tokens, concatenated, (L + 1) x H wide "
+        "(a scale choice: a 1M backbone's boundary state carries little of what the text says; "
+        "docs/benchmarks.md, Value fitting). One extra forward of the root prompts a step.",
+    )
     warmup_rollouts: int = Field(
         value_defaults.VALUE_WARMUP_ROLLOUTS,
         ge=0,

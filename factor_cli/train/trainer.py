@@ -46,7 +46,7 @@ from factor_cli.rollout.packing import RolloutBatch, pack_episodes
 from factor_cli.rollout.runner import Episode, Job, RolloutRunner, Start
 from factor_cli.rollout.teacher import teacher_logprobs, teacher_prompt_texts
 from factor_cli.rollout.values import (
-    boundary_features,
+    VALUE_FEATURES,
     monte_carlo_state_values,
     value_training_pairs,
 )
@@ -140,12 +140,13 @@ class Trainer:
         self.backend = make_backend(cfg.rollout, self.policy)
         self.pad_id = self.backend.pad_id
         self.fmt = prompt_format(cfg)
-        hidden = int(self.policy.model.config.hidden_size)
+        self.features = VALUE_FEATURES.get(cfg.value.features)
+        width = self.features.size(self.policy.hidden_size, self.policy.num_layers)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed + 1)
             v = cfg.value
             settings = HeadSettings(v.hidden, v.lr, v.epochs, v.batch_size, v.standardize)
-            self.value_fitter = VALUE_HEADS.get(v.head)(hidden, settings)
+            self.value_fitter = VALUE_HEADS.get(v.head)(width, settings)
             self.heads = TargetValueHead(self.value_fitter.head, v.tau)
         self.buffer = ValueReplayBuffer(cfg.value.replay_steps)
         self.train_pool = instances(cfg, "train")
@@ -243,7 +244,8 @@ class Trainer:
         if not self.spec.uses_value_head:  # GRPO, SERL, GiGPO, mc, vineppo: no head to feed
             return None
         prompts = [t.prompt_ids for e in rollout.roots for t in e.turns]
-        return boundary_features(rollout.session.scorer, prompts)
+        return self.features.compute(rollout.session.scorer, self.policy.model, prompts,
+                                     self.pad_id)  # fmt: skip
 
     def phase_value(
         self, rollout: Rollout, cont: ContinuationResult | None, feats: torch.Tensor | None

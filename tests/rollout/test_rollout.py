@@ -447,6 +447,34 @@ def test_cached_scoring_equals_the_model_forward(policy) -> None:
     )
 
 
+def test_prompt_mean_features_match_a_loop_oracle(policy, roots) -> None:
+    """value.features=prompt_mean: every layer's hidden state averaged over the prompt's tokens,
+    concatenated; batched with padding it equals each prompt's own unpadded forward."""
+    from factor_cli.rollout.values import VALUE_FEATURES, prompt_mean_features
+
+    _, eps = roots
+    prompts = [t.prompt_ids for e in eps for t in e.turns][:7]
+    got = prompt_mean_features(policy.model, prompts, pad_id=0, batch_size=3)
+    cfg = policy.model.config
+    assert got.shape == (len(prompts), (cfg.num_hidden_layers + 1) * cfg.hidden_size)
+    assert (
+        VALUE_FEATURES.get("prompt_mean").size(cfg.hidden_size, cfg.num_hidden_layers)
+        == (got.shape[1])
+    )
+    with torch.no_grad():
+        for row, p in zip(got, prompts):
+            out = policy.model(input_ids=torch.tensor([p]), output_hidden_states=True)
+            want = torch.cat([h[0].mean(0) for h in out.hidden_states])
+            torch.testing.assert_close(row, want, atol=1e-5, rtol=1e-5)
+    was = policy.model.training
+    policy.model.train()  # the forward runs in eval mode and hands the model back as it was
+    prompt_mean_features(policy.model, prompts[:1])
+    assert policy.model.training
+    policy.model.train(was)
+    with pytest.raises(ValueError, match="at least one token"):
+        prompt_mean_features(policy.model, [[]])
+
+
 def test_values_and_continuation_targets(policy, gen: HFGenerator, roots) -> None:
     from factor_cli.policy.value_head import TargetValueHead, ValueHead
     from factor_cli.rollout.values import boundary_features, value_training_pairs

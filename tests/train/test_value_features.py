@@ -1,0 +1,58 @@
+"""``value.features``: what the value head reads of x_t. The paper's boundary state is the
+default; ``prompt_mean`` (every layer averaged over the prompt) widens the head's input to
+(L + 1) x H, and a step fits and reads the head on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_train import needs_twx, tiny_overrides
+
+from factor_cli.train.config import ConfigError, load_config
+
+PLAYABLE = [
+    "env.options.params.coin=numLocations=3,numDistractorItems=0,includeDoors=0",
+    "rollout.valid_action_decoding=true",
+    "rollout.groups=2",
+    "rollout.k=2",
+]
+
+
+def test_the_default_is_the_papers_boundary_state() -> None:
+    assert load_config("smoke", []).value.features == "boundary"
+    assert load_config("paper", []).value.features == "boundary"
+
+
+def test_an_unknown_feature_kind_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"value\.features"):
+        load_config("smoke", ["value.features=pooled"])
+
+
+@needs_twx
+@pytest.mark.parametrize("head", ["mlp", "ridge"])
+def test_a_step_on_prompt_mean_features(tiny_model_dir: Path, tmp_path: Path, head: str) -> None:
+    from factor_cli.rollout.values import prompt_mean_features
+    from factor_cli.train.trainer import Trainer
+
+    cfg = load_config("smoke", [*tiny_overrides(tiny_model_dir, tmp_path, "factor", 1),
+                                *PLAYABLE, "value.features=prompt_mean",
+                                f"value.head={head}"])  # fmt: skip
+    trainer = Trainer(cfg, str(tiny_model_dir))
+    try:
+        mc = trainer.policy.model.config
+        width = (mc.num_hidden_layers + 1) * mc.hidden_size
+        rollout = trainer.phase_rollout(1)
+        feats = trainer.phase_features(rollout)
+        prompts = [t.prompt_ids for e in rollout.roots for t in e.turns]
+        assert feats is not None and feats.shape == (len(prompts), width)
+        torch.testing.assert_close(
+            feats, prompt_mean_features(trainer.policy.model, prompts, trainer.pad_id)
+        )
+        trainer.phase_refresh(rollout)
+        result = trainer.train_step()
+        assert trainer.buffer.feature_size == width and len(trainer.buffer) > 0
+        assert result.metrics["value_mse"] >= 0
+    finally:
+        trainer.close()
