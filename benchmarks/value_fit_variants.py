@@ -38,6 +38,7 @@ class Variant:
     init: str = "policy"  # the encoder's start: policy | scratch
     standardize: bool = False  # value.standardize: z-scores with the buffer's statistics
     turn_feature: bool = False  # append a one-hot of the state's turn index to its features
+    features: str = "boundary"  # value.features: boundary (``layer``) | prompt_mean (all layers)
 
 
 BASE = Variant("smoke head (targets ~1,000)")
@@ -112,6 +113,35 @@ VARIANTS = [
         horizon="rest",
         targets=500,
         turn_feature=True,
+    ),
+    *[
+        replace(
+            BASE,
+            name=f"prompt mean (every layer), ridge, ~{n:,} targets",
+            estimator="linear",
+            horizon="rest",
+            targets=n,
+            features="prompt_mean",
+        )
+        for n in (100, 500, 1000, 8500)
+    ],
+    replace(
+        BASE,
+        name="prompt mean, ridge + turn index, ~8,500 targets",
+        estimator="linear",
+        horizon="rest",
+        targets=8500,
+        features="prompt_mean",
+        turn_feature=True,
+    ),
+    replace(BASE, name="prompt mean, smoke head", horizon="rest", features="prompt_mean"),
+    replace(
+        BASE,
+        name="prompt mean, standardised, ~8,500 targets",
+        horizon="rest",
+        targets=8500,
+        standardize=True,
+        features="prompt_mean",
     ),
     replace(BASE, name="separate encoder, from the policy", estimator="encoder", horizon="rest"),
     replace(
@@ -231,6 +261,19 @@ def _encoder(data: dict[str, Any], rows: np.ndarray, y: np.ndarray, test: np.nda
         return np.concatenate([forward(c).numpy() for c in np.array_split(test, len(test) // 32)])
 
 
+def _prompt_mean(data: dict[str, Any]) -> torch.Tensor:
+    """``value.features=prompt_mean`` of every state under the data set's warm start (computed
+    once per fit: the data set stores the boundary states alone)."""
+    if "prompt_mean" not in data:
+        from transformers import AutoModelForCausalLM
+
+        from factor_cli.rollout.values import prompt_mean_features
+
+        model = AutoModelForCausalLM.from_pretrained(_warm_start_path(data))
+        data["prompt_mean"] = prompt_mean_features(model, data["prompts"])
+    return data["prompt_mean"]
+
+
 def _predict(data: dict[str, Any], v: Variant, fit: np.ndarray, test: np.ndarray,
              seed: int) -> tuple[np.ndarray, int]:  # fmt: skip
     rows, y = _targets(fit, _returns(data, v.horizon), v.targets, seed)
@@ -240,7 +283,10 @@ def _predict(data: dict[str, Any], v: Variant, fit: np.ndarray, test: np.ndarray
         return np.array([mean.get(t, y.mean()) for t in turn[test]]), len(y)
     if v.estimator == "encoder":
         return _encoder(data, rows, y, test, v, seed), len(y)
-    feats = data["features"][:, v.layer].float()
+    if v.features == "prompt_mean":
+        feats = _prompt_mean(data)
+    else:
+        feats = data["features"][:, v.layer].float()
     if v.turn_feature:  # the trainer knows each state's turn; the 1M model's features barely do
         turn = data["turn"].long()
         feats = torch.cat([feats, nn.functional.one_hot(turn, int(turn.max()) + 1).float()], 1)
