@@ -6,7 +6,8 @@ head whatever its kind (its state is floating parameters and buffers).
 
 - ``mlp`` (the paper's): :class:`~.value_head.ValueHead`, passes of Adam on the MSE.
 - ``ridge``: V(x_t) = w . z_t + c on z-scored features z_t = (h_t - mu) / sigma, solved in
-  closed form on the whole buffer,
+  closed form on the whole buffer (and stored folded onto h_t, so its Polyak target is the
+  same average of predictions),
 
       (w, c) = argmin sum_n (w . z_n + c - G_n)^2 + lambda |w|^2,
 
@@ -82,17 +83,22 @@ class MlpFitter:
 
 
 class RidgeHead(nn.Module):
-    """V = w . (h - mu) / sigma + c; every number a buffer (fitted in closed form, no gradient)."""
+    """V = w . (h - mu) / sigma + c, every number a float64 buffer (fitted in closed form, no
+    gradient). :class:`RidgeFitter` folds the z-scoring into the weights (mu = 0, sigma = 1,
+    w and c on the raw features), so V is linear in the buffers and the Polyak target of a
+    ridge head predicts exactly tau V_target + (1 - tau) V_online: averaging z-scored weights
+    and their scales apart would not (w / sigma is not linear in them)."""
 
     def __init__(self, input_size: int) -> None:
         super().__init__()
         if input_size < 1:
             raise ValueError(f"RidgeHead input_size must be >= 1, got {input_size}")
         self.input_size = input_size
-        self.register_buffer("shift", torch.zeros(input_size))
-        self.register_buffer("scale", torch.ones(input_size))
-        self.register_buffer("weight", torch.zeros(input_size))
-        self.register_buffer("bias", torch.zeros(()))
+        f64 = torch.float64  # folded weights are large where a feature barely varies
+        self.register_buffer("shift", torch.zeros(input_size, dtype=f64))
+        self.register_buffer("scale", torch.ones(input_size, dtype=f64))
+        self.register_buffer("weight", torch.zeros(input_size, dtype=f64))
+        self.register_buffer("bias", torch.zeros((), dtype=f64))
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """features [N, H] -> values [N] float32."""
@@ -100,8 +106,8 @@ class RidgeHead(nn.Module):
             raise ValueError(
                 f"RidgeHead expects features [N, {self.input_size}], got {tuple(features.shape)}"
             )
-        z = (features.detach().to(torch.float32) - self.shift) / self.scale
-        return z @ self.weight + self.bias
+        z = (features.detach().to(torch.float64) - self.shift) / self.scale
+        return (z @ self.weight + self.bias).to(torch.float32)
 
 
 def _solve(z: torch.Tensor, y: torch.Tensor, penalty: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,11 +152,11 @@ class RidgeFitter:
         scale = h.std(0).clamp_min(1e-6) if len(y) > 1 else torch.ones_like(shift)
         z = (h - shift) / scale
         w, c = _solve(z, y, _cv_penalty(z, y))
-        head = self.head
-        head.shift.copy_(shift.float())
-        head.scale.copy_(scale.float())
-        head.weight.copy_(w.float())
-        head.bias.copy_(c.float())
+        head = self.head  # folded: w . (h - mu) / sigma + c == (w / sigma) . h + c'
+        head.shift.zero_()
+        head.scale.fill_(1.0)
+        head.weight.copy_(w / scale)
+        head.bias.copy_(c - shift @ (w / scale))
         return float(((head(features) - targets) ** 2).mean())
 
     def state_dict(self) -> dict[str, Any]:

@@ -68,6 +68,34 @@ def test_ridge_fits_a_small_backbones_features_and_polyak_carries_it() -> None:
     assert fitter.state_dict() == {}
 
 
+def test_a_ridge_targets_polyak_average_is_the_average_of_predictions() -> None:
+    """Two fits on differently scaled buffers; after tau-averaging the target predicts
+    tau V_old + (1 - tau) V_new at any features (a linear head, folded onto raw features)."""
+    g = torch.Generator().manual_seed(4)
+    x = 2.0 + 0.01 * torch.randn(300, 8, generator=g, dtype=torch.float64)
+    fitter = VALUE_HEADS.get("ridge")(8, SETTINGS)
+    first = ValueReplayBuffer()
+    first.add(1, x.float(), (100 * (x[:, 0] - 2)).float())
+    fitter.fit(first, g)
+    heads = TargetValueHead(fitter.head, tau=0.7)
+    heads.target.load_state_dict(fitter.head.state_dict())
+    probe = 2.0 + 0.03 * torch.randn(50, 8, generator=g)  # beyond the buffers' spread
+    old = heads.target(probe).double()
+    second = ValueReplayBuffer()
+    second.add(2, (3.0 + 0.2 * (x - 2)).float(), (5 * (x[:, 1] - 2)).float())
+    fitter.fit(second, g)
+    heads.update()
+    want = 0.7 * old + 0.3 * fitter.head(probe).double()
+    torch.testing.assert_close(heads.target(probe).double(), want, atol=1e-4, rtol=1e-5)
+    # The fit is the z-scored closed form, folded: the same predictions as solving on z.
+    h, y = (t.double() for t in second.tensors())
+    mu, sd = h.mean(0), h.std(0)
+    w, c = _solve((h - mu) / sd, y, _cv_penalty((h - mu) / sd, y))
+    torch.testing.assert_close(
+        fitter.head(probe).double(), ((probe.double() - mu) / sd) @ w + c, atol=1e-4, rtol=1e-5
+    )
+
+
 def test_every_kind_fits_through_the_same_interface() -> None:
     g = torch.Generator().manual_seed(3)
     x = torch.randn(200, 8, generator=g)
