@@ -43,6 +43,7 @@ COMPARISONS = {
         ("serl-repro-no-kl", "grpo"), ("factor-no-kl", "grpo"),
     ),
     "value-levers": (("factor-warmup", "factor"),),
+    "value-features": (("factor-prompt-value", "factor"),),
 }  # fmt: skip
 """(subject, baseline) pairs per study (by name prefix); the rest: FACTOR against each baseline."""
 DEFAULT_COMPARISONS = (("factor", "serl-repro"), ("factor", "grpo"))

@@ -158,8 +158,9 @@ def served(matrix: Matrix) -> list[tuple[str, str, int]]:
 
 def test_shipped_specs_are_the_papers_studies_and_ci() -> None:
     assert shipped_specs() == sorted(
-        [*TABLES, "ci", "mini", "mini-cooking", "distill", "distill-coin", "value-levers"]
-    )
+        [*TABLES, "ci", "mini", "mini-cooking", "distill", "distill-coin", "value-levers",
+         "value-features"]
+    )  # fmt: skip
 
 
 def test_mini_replication_fixes_its_protocol() -> None:
@@ -774,3 +775,27 @@ def test_the_value_levers_study_is_the_main_job_with_two_levers() -> None:
     shipped, levered = (by_row[k][0] for k in sorted(by_row))
     levered["value"]["warmup_rollouts"], levered["continuations"]["horizon"] = 0, 6
     assert levered == shipped
+
+
+def test_the_value_features_study_changes_only_the_value_settings() -> None:
+    """The prompt-reading value head against the shipped preset, seeds 1-10: the two rows differ
+    in the five settings the spec names and nothing else."""
+    spec, path = load_spec("value-features")
+    matrix = expand(spec, path)
+    assert len(matrix.cells) == 20 and all(c.error is None for c in matrix.cells)
+    rows: dict[str, list[dict]] = {}
+    for cell in matrix.cells:
+        cfg = cell.config
+        assert cfg.method == "factor" and cfg.seed in range(1, 11)
+        assert (cfg.steps, cfg.env.max_turns, cfg.checkpoint_keep_every) == (12, 12, 4)
+        rows.setdefault(cfg.value.features, []).append(
+            cfg.model_dump(exclude={"seed"}, mode="json")
+        )
+    assert sorted(rows) == ["boundary", "prompt_mean"] and all(len(v) == 10 for v in rows.values())
+    shipped, reading = rows["boundary"][0], rows["prompt_mean"][0]
+    assert (reading["value"]["head"], reading["value"]["tau"]) == ("ridge", 0.01)
+    assert (reading["value"]["warmup_rollouts"], reading["continuations"]["horizon"]) == (8, 12)
+    for key in ("features", "head", "tau", "warmup_rollouts"):
+        reading["value"][key] = shipped["value"][key]
+    reading["continuations"]["horizon"] = shipped["continuations"]["horizon"]
+    assert reading == shipped
