@@ -269,16 +269,13 @@ class Policy:
     @property
     def hidden_size(self) -> int:
         """H: width of the last hidden state (the value head's input)."""
-        config = self.model.config
-        text = getattr(config, "get_text_config", None)
-        return int((text() if text else config).hidden_size)
+        return int(text_config(self.model.config).hidden_size)
 
-    @property
-    def num_layers(self) -> int:
-        """L: transformer layers (hidden states L + 1 with the embeddings)."""
-        config = self.model.config
-        text = getattr(config, "get_text_config", None)
-        return int((text() if text else config).num_hidden_layers)
+
+def text_config(config: Any) -> Any:
+    """The language model's part of an hf config (a multimodal one nests it)."""
+    text = getattr(config, "get_text_config", None)
+    return text() if text else config
 
 
 def _resolve_device(device: str) -> torch.device:

@@ -32,6 +32,8 @@ from .value_head import ValueHead, ValueReplayBuffer, fit_value_head, make_value
 
 RIDGE_PENALTIES = (1e-1, 1.0, 10.0, 1e2, 1e3, 1e4)
 RIDGE_FOLDS = 5
+RIDGE_MAX_FEATURES = 16384
+"""The widest feature a ridge head takes: its solve holds an H x H float64 matrix (2 GiB here)."""
 
 
 @dataclass(frozen=True)
@@ -91,8 +93,10 @@ class RidgeHead(nn.Module):
 
     def __init__(self, input_size: int) -> None:
         super().__init__()
-        if input_size < 1:
-            raise ValueError(f"RidgeHead input_size must be >= 1, got {input_size}")
+        if not 1 <= input_size <= RIDGE_MAX_FEATURES:
+            raise ValueError(
+                f"RidgeHead input_size must be in [1, {RIDGE_MAX_FEATURES}], got {input_size}"
+            )
         self.input_size = input_size
         f64 = torch.float64  # folded weights are large where a feature barely varies
         self.register_buffer("shift", torch.zeros(input_size, dtype=f64))

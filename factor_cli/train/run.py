@@ -66,7 +66,7 @@ from .sft import (
     supervised_finetune,
     write_warm_start_record,
 )
-from .trainer import StepResult, Trainer, ensure_model
+from .trainer import StepResult, Trainer, check_value_head, ensure_model
 
 Progress = Callable[[str, int, int], None]
 Log = Callable[[str], None]
@@ -214,6 +214,7 @@ def train(
     if not ranks.main:
         progress, log = (lambda phase, i, n: None), (lambda msg: None)
     model_path = ranks.first(lambda: warm_start(cfg, progress, log))
+    check_value_head(cfg, model_path)
     with (
         _open_ledger_run(cfg, ranks, model_path, resume_run_id, tags or {}) as opened,
         Heartbeat(opened) if opened is not None else nullcontext(),

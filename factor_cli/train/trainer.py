@@ -34,8 +34,8 @@ from factor_cli.credit import (
 )
 from factor_cli.envs.pool import EnvPool
 from factor_cli.policy.generation.scoring import Scorer, model_scorer
-from factor_cli.policy.model import Policy, init_tiny, load_policy
-from factor_cli.policy.value_fitters import VALUE_HEADS, HeadSettings
+from factor_cli.policy.model import Policy, init_tiny, load_policy, text_config
+from factor_cli.policy.value_fitters import RIDGE_MAX_FEATURES, VALUE_HEADS, HeadSettings
 from factor_cli.policy.value_head import TargetValueHead, ValueReplayBuffer
 from factor_cli.rollout.continuations import (
     ContinuationPlan,
@@ -71,6 +71,28 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def value_feature_width(cfg: TrainConfig, model_config: Any) -> int:
+    """The width of one state's value feature (``value.features``) for a model's hf config."""
+    text = text_config(model_config)
+    kind = VALUE_FEATURES.get(cfg.value.features)
+    return kind.size(int(text.hidden_size), int(text.num_hidden_layers))
+
+
+def check_value_head(cfg: TrainConfig, model_path: str) -> None:
+    """Refuse, before a ledger run opens, a value head that cannot hold this model's features."""
+    from transformers import AutoConfig
+
+    if not METHODS.get(cfg.method).uses_value_head or cfg.value.head != "ridge":
+        return
+    width = value_feature_width(cfg, AutoConfig.from_pretrained(model_path))
+    if width > RIDGE_MAX_FEATURES:
+        raise ConfigError(
+            f"value.head=ridge: value.features={cfg.value.features} gives {width:,} features for "
+            f"{model_path} and the ridge solve holds a {width:,} x {width:,} matrix (at most "
+            f"{RIDGE_MAX_FEATURES:,}); set value.head=mlp or value.features=boundary"
+        )
 
 
 def ensure_model(cfg: TrainConfig) -> str:
@@ -141,7 +163,7 @@ class Trainer:
         self.pad_id = self.backend.pad_id
         self.fmt = prompt_format(cfg)
         self.features = VALUE_FEATURES.get(cfg.value.features)
-        width = self.features.size(self.policy.hidden_size, self.policy.num_layers)
+        width = value_feature_width(cfg, self.policy.model.config)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed + 1)
             v = cfg.value

@@ -56,3 +56,25 @@ def test_a_step_on_prompt_mean_features(tiny_model_dir: Path, tmp_path: Path, he
         assert result.metrics["value_mse"] >= 0
     finally:
         trainer.close()
+
+
+def test_a_ridge_head_too_wide_for_the_model_is_refused_before_the_ledger(tmp_path: Path) -> None:
+    """A ridge solve holds an H x H matrix: prompt_mean on a 7B-wide config is refused with a
+    one-line error naming the fields, before any ledger run opens (nothing under tracking)."""
+    from transformers import LlamaConfig
+
+    from factor_cli.train.trainer import check_value_head, value_feature_width
+
+    wide = tmp_path / "wide"
+    LlamaConfig(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28).save_pretrained(
+        wide
+    )
+    cfg = load_config("smoke", ["value.features=prompt_mean", "value.head=ridge"])
+    assert value_feature_width(cfg, LlamaConfig.from_pretrained(wide)) == 29 * 3584
+    with pytest.raises(ConfigError, match=r"value\.head=ridge: .* set value\.head=mlp") as info:
+        check_value_head(cfg, str(wide))
+    assert "\n" not in str(info.value)
+    check_value_head(load_config("smoke", ["value.head=ridge"]), str(wide))  # boundary: 3,584
+    check_value_head(load_config("smoke", ["value.features=prompt_mean"]), str(wide))  # mlp
+    grpo = load_config("smoke", ["method=grpo", "value.features=prompt_mean", "value.head=ridge"])
+    check_value_head(grpo, str(wide))  # no value head to build
