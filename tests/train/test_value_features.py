@@ -78,3 +78,13 @@ def test_a_ridge_head_too_wide_for_the_model_is_refused_before_the_ledger(tmp_pa
     check_value_head(load_config("smoke", ["value.features=prompt_mean"]), str(wide))  # mlp
     grpo = load_config("smoke", ["method=grpo", "value.features=prompt_mean", "value.head=ridge"])
     check_value_head(grpo, str(wide))  # no value head to build
+
+
+def test_the_config_offers_exactly_the_registered_feature_kinds() -> None:
+    import typing
+
+    from factor_cli.rollout.values import VALUE_FEATURES
+    from factor_cli.train.config import ValueConfig
+
+    allowed = typing.get_args(ValueConfig.model_fields["features"].annotation)
+    assert sorted(allowed) == sorted(VALUE_FEATURES.names())
