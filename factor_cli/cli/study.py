@@ -58,7 +58,6 @@ def _split(values: list[str]) -> list[str]:
 
 
 def _axes(items: list[str]) -> dict[str, list[Any]] | None:
-    import yaml
 
     if not items:
         return None
@@ -67,8 +66,24 @@ def _axes(items: list[str]) -> dict[str, list[Any]] | None:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip() or not raw.strip():
             fail(f"--axis {item!r}: expected KEY=V1,V2, e.g. --axis model.path=runs/a,runs/b")
-        axes[key.strip()] = [yaml.safe_load(v) for v in _split([raw])]
+        axes[key.strip()] = _axis_values(item, raw)
     return axes
+
+
+def _axis_values(item: str, raw: str) -> list[Any]:
+    """``V1,V2``, or a YAML list ``[V1, V2]`` for values with commas in them (coin's params)."""
+    import yaml
+
+    if not raw.strip().startswith("["):
+        return [yaml.safe_load(v) for v in _split([raw])]
+    try:
+        values = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        fail(f"--axis {item!r}: not a YAML list ({str(exc).splitlines()[0]}); quote values "
+             "that hold commas, e.g. --axis 'KEY=[\"a=1,b=2\", \"a=3,b=4\"]'")  # fmt: skip
+    if not isinstance(values, list) or not values:
+        fail(f"--axis {item!r}: expected a non-empty list, e.g. --axis 'KEY=[v1, v2]'")
+    return values
 
 
 def _seeds(values: list[str]) -> list[int] | None:
@@ -109,7 +124,8 @@ MATRIX_OPTIONS: dict[str, Any] = {
     "seeds": typer.Option([], "--seeds", help="Only these seeds, e.g. 42 or 42,43."),
     "envs": typer.Option([], "--envs", help="These environments instead of the spec's."),
     "rows": typer.Option([], "--rows", help="Only these rows (optional rows need naming)."),
-    "axes": typer.Option([], "--axis", help="Replace an axis' values: KEY=V1,V2."),
+    "axes": typer.Option([], "--axis", help="Replace an axis' values: KEY=V1,V2, or "
+                         "KEY='[V1, V2]' (a YAML list) for values with commas in them."),
     "overrides": typer.Option([], "--set", help="Override a field in every cell: KEY=VALUE."),
 }  # fmt: skip
 
