@@ -159,7 +159,7 @@ def served(matrix: Matrix) -> list[tuple[str, str, int]]:
 def test_shipped_specs_are_the_papers_studies_and_ci() -> None:
     assert shipped_specs() == sorted(
         [*TABLES, "ci", "mini", "mini-cooking", "distill", "distill-coin", "value-levers",
-         "value-features"]
+         "value-features", "mini2"]
     )  # fmt: skip
 
 
@@ -182,6 +182,31 @@ def test_mini_replication_fixes_its_protocol() -> None:
         for m in ("grpo", "serl-repro", "factor")
         for rooms, turns in (("numLocations=3", 6), ("numLocations=6", 12))
     }
+
+
+def test_the_second_mini_replication_fixes_its_protocol() -> None:
+    """Issue 39's study: seven rows x three zipped horizons; the broadcast baselines and FACTOR
+    on seeds 1-5, the ablations and the Monte-Carlo rows on 1-3, factor-mc not at eleven rooms;
+    continuations to the episode's end, the paper's B = 2, M = 4 and K = 9."""
+    spec, path = load_spec("mini2")
+    matrix = expand(spec, path)
+    assert all(c.error is None for c in matrix.cells)
+    seen = Counter()
+    for cell in matrix.cells:
+        cfg = cell.config
+        rooms = int(cfg.env.options["params"]["coin"].split(",")[0].split("=")[1])
+        assert (rooms, cfg.env.max_turns) in ((3, 6), (6, 12), (11, 24))
+        seen[(cfg.method, cfg.env.max_turns)] += 1
+        assert cfg.seed in ((1, 2, 3, 4, 5) if cfg.method in ("grpo", "serl-repro", "factor")
+                            else (1, 2, 3))  # fmt: skip
+        assert (cfg.continuations.budget, cfg.continuations.per_checkpoint) == (2, 4)
+        assert (cfg.continuations.per_state, cfg.continuations.horizon) == (9, 24)
+        assert (cfg.steps, cfg.eval.max_items, cfg.reduction) == (12, 100, "action-mean")
+        assert cfg.checkpoint_keep_every == 4
+    expected = {(m, t): 5 for m in ("grpo", "serl-repro", "factor") for t in (6, 12, 24)}
+    expected |= {(m, t): 3 for m in ("wo-tac", "wo-hta", "vineppo") for t in (6, 12, 24)}
+    expected |= {("factor-mc", 6): 3, ("factor-mc", 12): 3}
+    assert seen == expected and len(matrix.cells) == 78
 
 
 @pytest.mark.parametrize("name", TABLES)

@@ -19,7 +19,8 @@ from factor_cli.train.config import ConfigError
 
 SHIPPED = [
     "ablations", "budget", "ci", "distill", "distill-coin", "estimators", "main", "mini",
-    "mini-cooking", "protocol", "sensitivity", "transfer", "value-features", "value-levers",
+    "mini-cooking", "mini2", "protocol", "sensitivity", "transfer", "value-features",
+    "value-levers",
 ]  # fmt: skip
 
 MINIMAL = """\
