@@ -35,7 +35,10 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 TEMPLATE = ROOT / "experiments" / "RESULTS.md.in"
-METHODS = ("grpo", "serl-repro", "serl-repro-no-kl", "factor", "factor-no-kl")
+METHODS = (
+    "grpo", "serl-repro", "serl-repro-no-kl", "factor", "factor-no-kl", "wo-tac", "wo-hta",
+    "factor-mc", "vineppo",
+)  # fmt: skip
 """Every row label the studies use, in table order (a row is its study's variant name)."""
 COMPARISONS = {
     "distill": (
@@ -44,6 +47,8 @@ COMPARISONS = {
     ),
     "value-levers": (("factor-warmup", "factor"),),
     "value-features": (("factor-prompt-value", "factor"),),
+    "mini2": tuple((m, b) for m in ("factor", "wo-tac", "wo-hta", "factor-mc", "vineppo")
+                   for b in ("grpo", "serl-repro")),
 }  # fmt: skip
 """(subject, baseline) pairs per study (by name prefix); the rest: FACTOR against each baseline."""
 DEFAULT_COMPARISONS = (("factor", "serl-repro"), ("factor", "grpo"))
@@ -58,6 +63,20 @@ BOOT_SEED = 0
 
 
 GAME_LABELS = {"coin": "coin", "cookingworld": "cooking"}
+
+
+def setting_order(setting: str) -> tuple[str, int, int]:
+    """Sort key of a task label: by game, then rooms and turns as numbers (coin3 T6 before
+    coin11 T24, which a string sort would put first)."""
+    match = re.fullmatch(r"(\D+)(\d+|\?) T(\d+)", setting)
+    if match is None:
+        return (setting, 0, 0)
+    game, rooms, turns = match.groups()
+    return (game, int(rooms) if rooms.isdigit() else 0, int(turns))
+
+
+def sorted_settings(settings: Any) -> list[str]:
+    return sorted(set(settings), key=setting_order)
 
 
 def setting_of(rooms: str | int, turns: str | int, game: str = "coin") -> str:
@@ -277,9 +296,20 @@ def _export_diagnostics(
         pd.concat(parts, ignore_index=True).to_csv(folder / f"{name}.csv", index=False)
 
 
+def reads_values(method: str) -> bool:
+    """Whether a method's action credit is read from values V(x_t), a head's or Monte-Carlo's
+    (factor, wo-hta, factor-mc, vineppo): td-sign replays those. Broadcast and uniform credit
+    have no per-action sign of their own to check."""
+    from factor_cli.credit import ESTIMATORS, METHODS
+
+    spec = METHODS.get(method)
+    return not spec.critic and ESTIMATORS.get(spec.estimator).uses_values
+
+
 def _estimates(runs: pd.DataFrame, new: pd.DataFrame, path: Path, plan: Any) -> pd.DataFrame:
-    """td-sign's estimates of every exported FACTOR run: those exported before (kept while their
-    cell is), and the ``new`` runs' replayed now under ``plan`` (cached under runs/)."""
+    """td-sign's estimates of every exported run whose credit reads values (:func:`reads_values`):
+    those exported before (kept while their cell is), and the ``new`` runs' replayed now under
+    ``plan`` (cached under runs/)."""
     from rich.progress import Progress
 
     from factor_cli.atomic import atomic_target
@@ -301,7 +331,7 @@ def _estimates(runs: pd.DataFrame, new: pd.DataFrame, path: Path, plan: Any) -> 
     parts = [old]
     for (setting, label), group in new.groupby(["setting", "method"], sort=True):
         recs = load_records(group["run_id"].tolist())
-        factor = recs.runs[recs.runs["method"] == "factor"]
+        factor = recs.runs[recs.runs["method"].map(reads_values)]
         if factor.empty:
             continue
         with Progress() as bar:
@@ -371,9 +401,11 @@ def comparisons(
 
     rows = []
     wide = per_seed.pivot_table(index=["setting", "seed"], columns="method", values="metric")
-    for setting in sorted(items["setting"].unique()):
+    for setting in sorted_settings(items["setting"]):
         frame = items[items["setting"] == setting].assign(env=setting)
         for subject, baseline in pairs:
+            if not {subject, baseline} <= set(frame["method"]):
+                continue  # a row the spec leaves out at this setting (mini2's factor-mc)
             rep = bootstrap_report(
                 frame[frame["method"].isin([subject, baseline])],
                 BootstrapRequest(setting, subject, baseline, RESAMPLES, BOOT_SEED),
@@ -430,8 +462,8 @@ def main_table(per_seed: pd.DataFrame) -> str:
         rows.append(row)
     frame = pd.DataFrame(rows)
     order = {m: i for i, m in enumerate(METHODS)}
-    frame = frame.assign(_o=frame["method"].map(order)).sort_values(["setting", "_o"])
-    return _md(frame.drop(columns="_o"))
+    frame = frame.assign(_o=frame["method"].map(order), _s=frame["setting"].map(setting_order))
+    return _md(frame.sort_values(["_s", "_o"]).drop(columns=["_o", "_s"]))
 
 
 def comparison_table(comp: pd.DataFrame) -> str:
@@ -446,10 +478,65 @@ def comparison_table(comp: pd.DataFrame) -> str:
     return _md(frame)
 
 
+def gain_table(comp: pd.DataFrame) -> pd.DataFrame:
+    """The gain against the horizon (the paper's Table 26 across settings): each comparison's
+    Delta [95% CI] in pp, one column per setting in horizon order."""
+    triples = comp[["delta", "ci_low", "ci_high"]].itertuples(index=False)
+    cells = comp.assign(cell=[f"{_pp(v)} [{_pp(lo)}, {_pp(hi)}]" for v, lo, hi in triples])
+    wide = cells.pivot_table(index="comparison", columns="setting", values="cell", aggfunc="first")
+    order = list(comp["comparison"].drop_duplicates())
+    wide = wide.reindex(index=order, columns=sorted_settings(wide.columns)).fillna("-")
+    return wide.reset_index()
+
+
+def bucket_gain_table(horizon: pd.DataFrame, pairs: Sequence[tuple[str, str]]) -> pd.DataFrame:
+    """Table 26's own form within each setting: training success by trajectory length (actions)
+    of each subject minus each baseline, in pp, one column per length bucket."""
+    rows = []
+    for setting in sorted_settings(horizon["setting"]):
+        part = horizon[horizon["setting"] == setting]
+        rate = part.pivot_table(index="method", columns="bucket", values="success")
+        for subject, baseline in pairs:
+            if {subject, baseline} <= set(rate.index):
+                diff = (rate.loc[subject] - rate.loc[baseline]).map(
+                    lambda v: "-" if np.isnan(v) else _pp(v))  # fmt: skip
+                rows.append({"setting": setting, "comparison": f"{subject} - {baseline}",
+                             **diff.to_dict()})  # fmt: skip
+    frame = pd.DataFrame(rows)
+    buckets = [c for c in frame.columns if c not in ("setting", "comparison")]
+    buckets.sort(key=lambda b: int(re.match(r"\D*(\d+)", str(b)).group(1)))
+    return frame[["setting", "comparison", *buckets]].fillna("-")
+
+
+def gain_plot(comp: pd.DataFrame, out: Path) -> None:
+    """Each comparison's Delta with its 95% CI against the setting (horizon order)."""
+    from matplotlib.figure import Figure
+
+    settings = sorted_settings(comp["setting"])
+    baselines = sorted({c.split(" - ")[1] for c in comp["comparison"]})
+    fig = Figure(figsize=(5.0 * len(baselines), 3.6), layout="constrained")
+    axes = fig.subplots(1, len(baselines), squeeze=False)[0]
+    x = {s: i for i, s in enumerate(settings)}
+    for ax, baseline in zip(axes, baselines):
+        part = comp[comp["comparison"].str.endswith(f" - {baseline}")]
+        subjects = list(part["comparison"].drop_duplicates())
+        for j, name in enumerate(subjects):
+            g = part[part["comparison"] == name]
+            xs = np.array([x[s] for s in g["setting"]]) + 0.08 * (j - (len(subjects) - 1) / 2)
+            err = [100 * (g["delta"] - g["ci_low"]), 100 * (g["ci_high"] - g["delta"])]
+            ax.errorbar(xs, 100 * g["delta"], yerr=err, marker="o", capsize=3,
+                        label=name.split(" - ")[0])  # fmt: skip
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_xticks(range(len(settings)), settings)
+        ax.set_title(f"final success minus {baseline} (pp, 95% CI)", fontsize=8)
+        ax.legend(fontsize=7)
+    fig.savefig(out, dpi=110)
+
+
 def curves_plot(curves: pd.DataFrame, out: Path) -> None:
     from matplotlib.figure import Figure
 
-    settings = sorted(curves["setting"].unique())
+    settings = sorted_settings(curves["setting"])
     fig = Figure(figsize=(5.0 * len(settings), 3.6), layout="constrained")
     axes = fig.subplots(1, len(settings), squeeze=False)[0]
     for ax, setting in zip(axes, settings):
@@ -487,9 +574,10 @@ def study_blocks(folder: Path) -> dict[str, str]:
     est = pd.read_csv(folder / "diagnostics" / "td-sign-estimates.csv")
     sign = pd.concat([d.td_sign(g, seed=BOOT_SEED).assign(setting=s)
                       for s, g in est.groupby("setting", sort=True)])  # fmt: skip
+    comp = comparisons(items, per_seed, study_pairs(name))
     blocks = {
         "main": main_table(per_seed),
-        "comparisons": comparison_table(comparisons(items, per_seed, study_pairs(name))),
+        "comparisons": comparison_table(comp),
         "curves": _md(_curve_table(curves)),
         "compute": _md(_compute_table(runs)),
         "td-sign": _md(sign[["setting", *sign.columns[:-1]]]),
@@ -500,6 +588,10 @@ def study_blocks(folder: Path) -> dict[str, str]:
     for kind in ("coef-deviation", "value", "length-bias", "horizon"):
         table = _diag(folder, kind)
         blocks[kind] = _md(table[["setting", *[c for c in table if c != "setting"]]])
+    if comp["setting"].nunique() >= 3:  # a horizon sweep (mini2): the gain against it
+        blocks["gain"] = _md(gain_table(comp))
+        blocks["bucket-gain"] = _md(bucket_gain_table(_diag(folder, "horizon"), study_pairs(name)))
+        gain_plot(comp, folder / "gain.png")
     for kind in ("compare", "feedback", "token-perturb"):  # exported since 2026-12-03
         if (folder / "diagnostics" / f"{kind}.csv").exists():
             table = _diag(folder, kind).drop(columns="env", errors="ignore")

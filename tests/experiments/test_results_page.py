@@ -114,3 +114,68 @@ def test_runs_of_a_study_not_exported_is_a_one_line_error() -> None:
     assert message.endswith("not found; export the study first "
                             "(mini_results.py export no-such-study --partial)")  # fmt: skip
     assert "no-such-study/runs.csv" in message
+
+
+def test_settings_sort_by_rooms_and_turns_as_numbers() -> None:
+    mr = _module()
+    labels = ["coin6 T12", "cooking1 T12", "coin11 T24", "coin3 T6"]
+    assert mr.sorted_settings(labels) == ["coin3 T6", "coin6 T12", "coin11 T24", "cooking1 T12"]
+
+
+def test_td_sign_replays_the_rows_whose_credit_reads_values() -> None:
+    mr = _module()
+    read = {m for m in ("grpo", "serl-repro", "factor", "wo-tac", "wo-hta", "factor-mc",
+                        "vineppo") if mr.reads_values(m)}  # fmt: skip
+    assert read == {"factor", "wo-hta", "factor-mc", "vineppo"}
+
+
+def _items(deltas: dict[tuple[str, str], float]):
+    """Item-level final successes: per (setting, method) 3 seeds x 40 items at rate 0.5 + d."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for (setting, method), d in deltas.items():
+        for seed in (1, 2, 3):
+            for item in range(40):
+                ok = float(rng.random() < 0.5 + d)
+                rows.append({"setting": setting, "method": method, "seed": seed,
+                             "item_id": str(item), "category": "coin", "success": ok,
+                             "score": ok, "run_id": f"{setting}-{method}-{seed}"})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_comparisons_skip_a_row_left_out_at_a_setting_and_the_gain_table_orders_horizons() -> None:
+    mr = _module()
+    items = _items({("coin3 T6", "grpo"): 0.0, ("coin3 T6", "factor-mc"): 0.3,
+                    ("coin11 T24", "grpo"): 0.0})  # fmt: skip
+    comp = mr.comparisons(items, mr.cell_table(items), (("factor-mc", "grpo"),))
+    assert comp["setting"].tolist() == ["coin3 T6"]  # not at eleven rooms: no row, no error
+    assert comp["delta"].iloc[0] > 0.15 and comp["wins"].iloc[0] == 3
+    items = _items({(s, m): d for s in ("coin11 T24", "coin3 T6", "coin6 T12")
+                    for m, d in (("grpo", 0.0), ("factor", 0.2))})  # fmt: skip
+    comp = mr.comparisons(items, mr.cell_table(items), (("factor", "grpo"),))
+    table = mr.gain_table(comp)
+    assert list(table.columns) == ["comparison", "coin3 T6", "coin6 T12", "coin11 T24"]
+    cell = table.loc[0, "coin6 T12"]
+    row = comp[comp["setting"] == "coin6 T12"].iloc[0]
+    pp = [f"{100 * row[k]:+.1f}" for k in ("delta", "ci_low", "ci_high")]
+    assert cell == f"{pp[0]} [{pp[1]}, {pp[2]}]"
+
+
+def test_bucket_gain_is_the_subjects_success_minus_the_baselines_per_length_bucket() -> None:
+    import pandas as pd
+
+    mr = _module()
+    horizon = pd.DataFrame([
+        {"setting": "coin6 T12", "method": "grpo", "bucket": "1-3", "success": 0.9},
+        {"setting": "coin6 T12", "method": "grpo", "bucket": "10-12", "success": 0.1},
+        {"setting": "coin6 T12", "method": "factor", "bucket": "1-3", "success": 0.8},
+        {"setting": "coin6 T12", "method": "factor", "bucket": "10-12", "success": 0.3},
+        {"setting": "coin6 T12", "method": "factor", "bucket": "4-6", "success": 0.5},
+    ])  # fmt: skip
+    table = mr.bucket_gain_table(horizon, (("factor", "grpo"), ("vineppo", "grpo")))
+    assert list(table.columns) == ["setting", "comparison", "1-3", "4-6", "10-12"]
+    assert table.to_dict("records") == [{"setting": "coin6 T12", "comparison": "factor - grpo",
+                                         "1-3": "-10.0", "4-6": "-", "10-12": "+20.0"}]  # fmt: skip
