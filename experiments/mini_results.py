@@ -528,6 +528,7 @@ def gain_plot(comp: pd.DataFrame, out: Path) -> None:
                         label=name.split(" - ")[0])  # fmt: skip
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xticks(range(len(settings)), settings)
+        ax.set_xlim(-0.5, len(settings) - 0.5)
         ax.set_title(f"final success minus {baseline} (pp, 95% CI)", fontsize=8)
         ax.legend(fontsize=7)
     fig.savefig(out, dpi=110)
@@ -588,9 +589,9 @@ def study_blocks(folder: Path) -> dict[str, str]:
     for kind in ("coef-deviation", "value", "length-bias", "horizon"):
         table = _diag(folder, kind)
         blocks[kind] = _md(table[["setting", *[c for c in table if c != "setting"]]])
-    if comp["setting"].nunique() >= 3:  # a horizon sweep (mini2): the gain against it
-        blocks["gain"] = _md(gain_table(comp))
-        blocks["bucket-gain"] = _md(bucket_gain_table(_diag(folder, "horizon"), study_pairs(name)))
+    blocks["gain"] = _md(gain_table(comp))
+    blocks["bucket-gain"] = _md(bucket_gain_table(_diag(folder, "horizon"), study_pairs(name)))
+    if comp["setting"].nunique() >= 3:  # a horizon sweep (mini2): the gain as a picture
         gain_plot(comp, folder / "gain.png")
     for kind in ("compare", "feedback", "token-perturb"):  # exported since 2026-12-03
         if (folder / "diagnostics" / f"{kind}.csv").exists():
