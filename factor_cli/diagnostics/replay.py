@@ -140,6 +140,8 @@ def mc_advantages(
             key = (a * 2 + s) * plan.samples
             jobs += [Job(start, key + n, plan.seed, plan.temperature, scored=False)
                      for n in range(plan.samples)]  # fmt: skip
+    if not jobs:  # a step whose every group had one outcome: no action has credit to check
+        return pd.DataFrame(columns=list(MC_COLUMNS))
     gen = make_backend(cfg.rollout, policy)
     try:
         with EnvPool(cfg.env.name, min(len(jobs), 64), **cfg.env.options) as pool:
