@@ -38,10 +38,16 @@ class EnvPool:
         name: str,
         size: int,
         on_crash: Callable[[Crash], None] | None = None,
+        max_turns: int | None = None,
         **options: object,
     ) -> None:
+        """``max_turns``: the episode's turn limit, which each environment enforces on the
+        actions of an episode, a restored prefix's included, so a continuation from x_t plays at
+        most max_turns - t turns: it ends when the episode would (None: the adapter's default)."""
         if size < 1:
             raise ValueError(f"pool size must be >= 1, got {size}")
+        if max_turns is not None:
+            options = {**options, "max_turns": max_turns}
         self.name, self.options, self.on_crash = name, options, on_crash
         self.envs: list[Environment] = []
         self.crashes: list[Crash] = []

@@ -202,7 +202,7 @@ def test_action_extraction_rules() -> None:
 
 @pytest.fixture(scope="module")
 def roots(policy, gen: HFGenerator):
-    pool = EnvPool("twx", 40)
+    pool = EnvPool("twx", 40, max_turns=6)  # as the trainer builds it: the episode's limit
     runner = RolloutRunner(pool, gen, FMT, max_turns=6)
     eps = runner.run([Start(f"coin/{30 + g}", group=g) for g in range(2) for _ in range(4)], seed=3)
     yield runner, eps
@@ -371,6 +371,32 @@ def test_continuations_counts_targets_and_restore(roots) -> None:
         assert 1 <= len(cont.turns) <= 4
     assert all(0.0 <= t <= 1.0 for t in res.targets)
     # The target scale per convention: tests/test_advantage.py (credit.terminal_targets).
+
+
+def test_a_continuation_ends_where_its_episode_would(roots) -> None:
+    """From x_t a continuation plays at most min(horizon, limit - t) turns: the episode's turn
+    limit binds it as it bound the root ("or until the environment terminates"), so a target
+    is the return the state can still reach, not a win within ``horizon`` more turns."""
+    runner, eps = roots
+    res = run_continuations(runner, eps, "leave-one-out", budget=2, per_checkpoint=3,
+                            horizon=10, seed=5)  # fmt: skip
+    ends = [res.checkpoints[c].turn + len(cont.turns) for c, cont in
+            zip(res.checkpoint_of, res.episodes)]  # fmt: skip
+    assert max(ends) == runner.max_turns == 6  # the limit binds some, and none passes it
+    cut = [cont for cont in res.episodes if len(cont.actions) == 6 and not cont.outcome.success]
+    assert cut, "no continuation reached the limit: the test would not see the bug"
+
+
+def test_the_pool_enforces_the_turn_limit_across_a_restore(roots) -> None:
+    """A restored prefix counts toward the limit: after t replayed actions, limit - t remain."""
+    _, eps = roots
+    ep = max(eps, key=lambda e: len(e.turns))
+    with EnvPool("twx", 1, max_turns=3) as limited, EnvPool("twx", 1) as default:
+        for pool in (limited, default):
+            pool[0].restore(ep.start.instance_id, ep.actions[:2], ep.observations[:3])
+        step = limited[0].step(ep.turns[2].admissible[0])
+        assert step.done and (step.info.get("truncated") or limited[0].success)
+        assert not default[0].step(ep.turns[2].admissible[0]).done or default[0].success
 
 
 def test_packed_batch_feeds_every_method(policy, gen: HFGenerator, roots) -> None:

@@ -148,6 +148,39 @@ def test_overlapped_continuations_change_no_step(
 
 
 @needs_twx
+@pytest.mark.parametrize("method", ["factor", "vineppo"])
+def test_continuations_in_training_end_where_the_episode_would(
+    tiny_model_dir: Path, trained_env: Path, monkeypatch: pytest.MonkeyPatch, method: str
+) -> None:
+    """The trainer's environments carry the episode's turn limit (env.max_turns), so a value
+    target or Monte-Carlo value from x_t is a return within the limit - t turns the episode has
+    left, however long continuations.horizon is (here 10 > 4)."""
+    from factor_cli.train import trainer as trainer_module
+    from factor_cli.train.trainer import Trainer
+
+    results = []
+    run_continuations = trainer_module.run_continuations
+
+    def kept(*args: object, **kwargs: object) -> object:
+        results.append(run_continuations(*args, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(trainer_module, "run_continuations", kept)
+    base = tiny_overrides(tiny_model_dir, trained_env, method, steps=1)
+    base += ["rollout.groups=2", "continuations.per_checkpoint=2", "continuations.per_state=2",
+             "env.max_turns=4", "continuations.horizon=10",
+             "continuations.overlap=false"]  # fmt: skip
+    trainer = Trainer(load_config("smoke", base))
+    try:
+        trainer.train_step()
+    finally:
+        trainer.close()
+    (res,) = results
+    ends = [res.checkpoints[c].turn + len(e.turns) for c, e in zip(res.checkpoint_of, res.episodes)]
+    assert ends and max(ends) <= 4
+
+
+@needs_twx
 def test_train_run_records_everything_in_the_ledger(tiny_model_dir: Path, tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
