@@ -137,14 +137,15 @@ def export(
     if replays is not None and partial:
         raise SystemExit("--replays needs every run's folder: export the whole study")
     labels = {cell.key: _setting(cell.config) for cell in matrix.cells}
-    # A row is named for its variant (distill's "factor-no-kl" runs method factor): label by it.
+    # Label by the row (distill's "factor-no-kl" runs method factor); the setting column holds
+    # the axis point, which the variant's label would repeat ("factor[env.max_turns=6,...]").
     items = results.items.assign(
-        setting=results.items["cell_key"].map(labels), method=results.items["variant"]
+        setting=results.items["cell_key"].map(labels), method=results.items["row"]
     )
     settings = items.drop_duplicates("run_id").set_index("run_id")["setting"]
     cols = ["setting", "method", "seed", "item_id", "category", "success", "score", "run_id"]
     runs = results.runs.merge(settings.rename("setting"), left_on="run_id", right_index=True)
-    runs = _with_change(runs.assign(method=runs["variant"]))
+    runs = _with_change(runs.assign(method=runs["row"]))
     keep = ["setting", "method", "seed", "run_id", "wall_clock_hours", "cpu_core_hours",
             "interactions", "git_commit", "change", "change_low", "change_high"]  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
@@ -396,7 +397,8 @@ def comparisons(
     items: pd.DataFrame, per_seed: pd.DataFrame, pairs: Sequence[tuple[str, str]]
 ) -> pd.DataFrame:
     """Each (subject, baseline) pair per setting: hierarchical bootstrap (10,000 resamples,
-    seed 0), P(Delta > 0), and seed-by-seed wins / ties / losses."""
+    seed 0), P(Delta > 0), and seed-by-seed wins / ties / losses, over the seeds both rows ran
+    (a row on seeds 1-3 meets a baseline on 1-5 on seeds 1-3: the bootstrap pairs seeds)."""
     from factor_cli.stats.report import BootstrapRequest, bootstrap_report
 
     rows = []
@@ -406,8 +408,10 @@ def comparisons(
         for subject, baseline in pairs:
             if not {subject, baseline} <= set(frame["method"]):
                 continue  # a row the spec leaves out at this setting (mini2's factor-mc)
+            pair = frame[frame["method"].isin([subject, baseline])]
+            seeds = [set(g["seed"]) for _, g in pair.groupby("method")]
             rep = bootstrap_report(
-                frame[frame["method"].isin([subject, baseline])],
+                pair[pair["seed"].isin(set.intersection(*seeds))],
                 BootstrapRequest(setting, subject, baseline, RESAMPLES, BOOT_SEED),
             )
             diff = (wide.loc[setting, subject] - wide.loc[setting, baseline]).to_numpy()
