@@ -332,8 +332,8 @@ def _estimates(runs: pd.DataFrame, new: pd.DataFrame, path: Path, plan: Any) -> 
     parts = [old]
     for (setting, label), group in new.groupby(["setting", "method"], sort=True):
         recs = load_records(group["run_id"].tolist())
-        factor = recs.runs[recs.runs["method"].map(reads_values)]
-        if factor.empty:
+        replayed = recs.runs[recs.runs["method"].map(reads_values)]
+        if replayed.empty:
             continue
         with Progress() as bar:
             task = bar.add_task(f"td-sign {setting} {label}", total=None)
@@ -341,8 +341,8 @@ def _estimates(runs: pd.DataFrame, new: pd.DataFrame, path: Path, plan: Any) -> 
             def progress(text: str, i: int, n: int, task: Any = task) -> None:
                 bar.update(task, description=text, completed=i, total=n)
 
-            est = td_sign_estimates(recs.actions, factor, plan, Path("runs") / "td-sign-estimates",
-                                    progress)  # fmt: skip
+            cache = Path("runs") / "td-sign-estimates"
+            est = td_sign_estimates(recs.actions, replayed, plan, cache, progress)
         parts.append(
             est[ESTIMATE_COLUMNS].assign(setting=setting, method=label, to_end=plan.to_end)
         )

@@ -58,7 +58,6 @@ def _split(values: list[str]) -> list[str]:
 
 
 def _axes(items: list[str]) -> dict[str, list[Any]] | None:
-
     if not items:
         return None
     axes: dict[str, list[Any]] = {}

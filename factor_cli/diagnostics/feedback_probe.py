@@ -116,9 +116,7 @@ def replay_trajectories(
               for e, (_, _, acts) in enumerate(plays) for t, a in enumerate(acts)}  # fmt: skip
     jobs = [Job(Start(inst, group, [], None, len(acts)), e, SCRIPT_SEED, cfg.rollout.temperature)
             for e, (inst, group, acts) in enumerate(plays)]  # fmt: skip
-    with EnvPool(
-        cfg.env.name, min(len(jobs), 64), max_turns=cfg.env.max_turns, **cfg.env.options
-    ) as pool:
+    with EnvPool.of(cfg.env, min(len(jobs), 64)) as pool:
         runner = RolloutRunner(pool, ScriptedBackend(backend, script), prompt_format(cfg),
                                max(len(a) for _, _, a in plays),
                                constrain=cfg.rollout.valid_action_decoding)  # fmt: skip

@@ -144,9 +144,7 @@ def mc_advantages(
         return pd.DataFrame(columns=list(MC_COLUMNS))
     gen = make_backend(cfg.rollout, policy)
     try:
-        with EnvPool(
-            cfg.env.name, min(len(jobs), 64), max_turns=cfg.env.max_turns, **cfg.env.options
-        ) as pool:
+        with EnvPool.of(cfg.env, min(len(jobs), 64)) as pool:
             runner = RolloutRunner(pool, gen, prompt_format(cfg), plan.horizon,
                                    constrain=cfg.rollout.valid_action_decoding)  # fmt: skip
             episodes, _ = runner.play(jobs, on_turn=on_turn)

@@ -80,9 +80,7 @@ def sampled_plays(cfg: Any, backend: Any, ids: Sequence[str], seed: int) -> list
     turns = int(cfg.env.max_turns or 0) or 50
     jobs = [Job(Start(i, 0, [], None, turns), e, seed, cfg.rollout.temperature)
             for e, i in enumerate(ids)]  # fmt: skip
-    with EnvPool(
-        cfg.env.name, min(len(jobs), 64), max_turns=cfg.env.max_turns, **cfg.env.options
-    ) as pool:
+    with EnvPool.of(cfg.env, min(len(jobs), 64)) as pool:
         runner = RolloutRunner(pool, backend, prompt_format(cfg), turns,
                                constrain=cfg.rollout.valid_action_decoding)  # fmt: skip
         episodes, _ = runner.play(jobs)

@@ -163,9 +163,7 @@ def _play_out(step: Any, k: int, method: str, plan: McPlan, on_turn: Any) -> pd.
                           [*plays[traj][:turn], last], None, horizon)  # fmt: skip
             slot[(traj, turn, side)] = len(jobs)
             jobs += [Job(start, len(jobs) + s, plan.seed, temp, scored=False) for s in range(n)]
-    with EnvPool(
-        cfg.env.name, min(max(len(jobs), 1), 64), max_turns=cfg.env.max_turns, **cfg.env.options
-    ) as pool:
+    with EnvPool.of(cfg.env, min(max(len(jobs), 1), 64)) as pool:
         runner = RolloutRunner(pool, step.backend, prompt_format(cfg), horizon,
                                constrain=cfg.rollout.valid_action_decoding)  # fmt: skip
         episodes, _ = runner.play(jobs, on_turn=on_turn) if jobs else ([], [])

@@ -13,13 +13,21 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..interrupts import interrupt_in
 from .base import EnvCrashed, EnvError, Environment, Step
 from .registry import make_env
 
 T = TypeVar("T")
+
+
+class EnvSettings(Protocol):
+    """What :meth:`EnvPool.of` reads of an env config (the training config's ``env``)."""
+
+    name: str
+    max_turns: int | None
+    options: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,13 @@ class EnvPool:
         except BaseException:
             self.close()
             raise
+
+    @classmethod
+    def of(cls, env: EnvSettings, size: int) -> EnvPool:
+        """``size`` environments as an env config describes them (``env.name``, its turn limit
+        ``env.max_turns`` and adapter ``env.options``): the one way training, evaluation and the
+        replays open a pool, so none of them can leave out the episode's turn limit."""
+        return cls(env.name, size, max_turns=env.max_turns, **env.options)
 
     def __len__(self) -> int:
         return len(self.envs)

@@ -55,7 +55,7 @@ def play_evaluation(
         items = items[: cfg.eval.max_items]
     fmt = prompt_format(cfg)
     width = min(-(-len(items) // (shard.world if shard else 1)), 64)
-    with EnvPool(cfg.env.name, width, max_turns=cfg.env.max_turns, **cfg.env.options) as pool:
+    with EnvPool.of(cfg.env, width) as pool:
         runner = RolloutRunner(
             pool,
             generator,

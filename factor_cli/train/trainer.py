@@ -181,7 +181,7 @@ class Trainer:
         # Overlapped, the continuations of the first roots to end play beside the last roots.
         size = n_root + n_cont if cfg.continuations.overlap else max(n_root, n_cont)
         size = -(-size // self.ranks.world)  # each rank plays its block of the episodes
-        self.pool = EnvPool(cfg.env.name, size, max_turns=cfg.env.max_turns, **cfg.env.options)
+        self.pool = EnvPool.of(cfg.env, size)
         self.max_turns = cfg.env.max_turns or self.pool[0].max_turns
         self.runner = RolloutRunner(
             self.pool,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -397,6 +398,9 @@ def test_the_pool_enforces_the_turn_limit_across_a_restore(roots) -> None:
         step = limited[0].step(ep.turns[2].admissible[0])
         assert step.done and (step.info.get("truncated") or limited[0].success)
         assert not default[0].step(ep.turns[2].admissible[0]).done or default[0].success
+    settings = SimpleNamespace(name="twx", max_turns=3, options={})
+    with EnvPool.of(settings, 1) as pool:  # how training and the replays open theirs
+        assert pool[0].max_turns == 3
 
 
 def test_packed_batch_feeds_every_method(policy, gen: HFGenerator, roots) -> None:
