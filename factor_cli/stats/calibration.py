@@ -7,8 +7,8 @@ Notation: N states x_n, each with K independent continuation returns G_{n,1..K} 
 summed over a_0..a_{t-1}). Trajectories are the clusters of the bootstrap (a trajectory's
 states share its continuations' randomness and its outcome).
 
-- :func:`value_metrics`: MSE, MAE, bias, Pearson r and sign accuracy of V-hat against V^MC,
-  each with a 95% percentile interval from a bootstrap over trajectories.
+- :func:`value_metrics`: MSE, MAE, bias, Pearson r, sign accuracy and spread of V-hat against
+  V^MC, each with a 95% percentile interval from a bootstrap over trajectories.
 - :func:`split_half_reliability`: rho_K, the reliability of the K-sample mean.
 - :func:`value_ceiling`: the best r and sign accuracy any estimator can reach against V^MC.
 - :func:`td_sign_ceiling`: the best sign agreement with the Monte-Carlo advantage
@@ -49,14 +49,33 @@ def _sign_accuracy(pred: np.ndarray, ref: np.ndarray, base: np.ndarray) -> float
     return float(np.mean(np.sign(pred[keep] - base[keep]) == np.sign(ref[keep] - base[keep])))
 
 
+def _centred(x: np.ndarray, block: np.ndarray) -> np.ndarray:
+    """x minus the mean of its block."""
+    labels = np.unique(block, return_inverse=True)[1]
+    means = np.bincount(labels, x) / np.bincount(labels)
+    return x - means[labels]
+
+
+def _spread(pred: np.ndarray, ref: np.ndarray, block: np.ndarray) -> float:
+    """Within-block spread, sqrt(sum_n (V-hat_n - mean_B V-hat)^2 / sum_n (V^MC_n - mean_B
+    V^MC)^2) with means over each state's block (a run's step: the states one target head
+    valued, so the level it drifts to over training does not count). 0 for a head that predicts
+    one value per step (TD credit then sits on the first and last actions whatever its r)."""
+    ref_c = _centred(ref, block)
+    if not (ref_c**2).sum() > 0:
+        return float("nan")
+    return float(np.sqrt((_centred(pred, block) ** 2).sum() / (ref_c**2).sum()))
+
+
 METRICS = {
-    "mse": lambda p, r, b: float(np.mean((p - r) ** 2)),
-    "mae": lambda p, r, b: float(np.mean(np.abs(p - r))),
-    "bias": lambda p, r, b: float(np.mean(p - r)),
-    "pearson": lambda p, r, b: _pearson(p, r),
-    "sign_accuracy": _sign_accuracy,
+    "mse": lambda p, r, b, blk: float(np.mean((p - r) ** 2)),
+    "mae": lambda p, r, b, blk: float(np.mean(np.abs(p - r))),
+    "bias": lambda p, r, b, blk: float(np.mean(p - r)),
+    "pearson": lambda p, r, b, blk: _pearson(p, r),
+    "sign_accuracy": lambda p, r, b, blk: _sign_accuracy(p, r, b),
+    "spread": lambda p, r, b, blk: _spread(p, r, blk),
 }
-"""(prediction [N], reference [N], baseline [N]) -> the statistic."""
+"""(prediction [N], reference [N], baseline [N], block [N]) -> the statistic."""
 
 
 def value_metrics(
@@ -66,11 +85,14 @@ def value_metrics(
     cluster: np.ndarray,
     rng: np.random.Generator,
     resamples: int = RESAMPLES,
+    block: np.ndarray | None = None,
 ) -> dict[str, Interval]:
     """Each of :data:`METRICS` of V-hat (``pred`` [N]) against V^MC (``ref`` [N]) with baselines
     ``base`` [N], with a 95% percentile interval over ``resamples`` resamplings of whole
-    clusters (``cluster`` [N]: any labels, one per trajectory); NaN where undefined."""
+    clusters (``cluster`` [N]: any labels, one per trajectory); NaN where undefined. ``block``
+    [N] (labels; default one block) groups the states for the spread."""
     pred, ref, base = (np.asarray(a, dtype=float) for a in (pred, ref, base))
+    blk = np.zeros(len(pred), dtype=int) if block is None else np.asarray(block)
     labels = np.unique(np.asarray(cluster), return_inverse=True)[1]
     members = [np.flatnonzero(labels == c) for c in range(labels.max() + 1)]
     draws = [
@@ -79,10 +101,10 @@ def value_metrics(
     ]
     out = {}
     for name, fn in METRICS.items():
-        boot = np.array([fn(pred[d], ref[d], base[d]) for d in draws])
+        boot = np.array([fn(pred[d], ref[d], base[d], blk[d]) for d in draws])
         boot = boot[np.isfinite(boot)]
         low, high = np.percentile(boot, [2.5, 97.5]) if len(boot) else (np.nan, np.nan)
-        out[name] = Interval(fn(pred, ref, base), float(low), float(high))
+        out[name] = Interval(fn(pred, ref, base, blk), float(low), float(high))
     return out
 
 
@@ -141,10 +163,31 @@ class Ceiling:
     pearson: float
     """sqrt(rho_K): the correlation of the true value with its K-sample mean."""
     sign_accuracy: float
+    spread: float = float("nan")
+    """The true values' within-block spread against the reference (:func:`spread_ceiling`)."""
+
+
+def spread_ceiling(returns: np.ndarray, block: np.ndarray) -> float:
+    """The within-block spread (:func:`_spread`) of the true values against their K-sample
+    means: sqrt(1 - e / w), where w = sum_n (V^MC_n - mean_B V^MC)^2 / (N - blocks) is the
+    reference's within-block variance and e = mean_n s_n^2 / K its noise (s_n^2 the unbiased
+    variance of state n's K returns): classical test theory's true-score share of the variance."""
+    returns = np.asarray(returns, dtype=float)
+    n, k = returns.shape
+    blocks = len(np.unique(block))
+    if n <= blocks:
+        return float("nan")
+    w = (_centred(returns.mean(1), np.asarray(block)) ** 2).sum() / (n - blocks)
+    e = float(np.mean(returns.var(axis=1, ddof=1) / k))
+    return float(np.sqrt(max(1.0 - e / w, 0.0))) if w > 0 else float("nan")
 
 
 def value_ceiling(
-    returns: np.ndarray, base: np.ndarray, rng: np.random.Generator, splits: int = SPLITS
+    returns: np.ndarray,
+    base: np.ndarray,
+    rng: np.random.Generator,
+    splits: int = SPLITS,
+    block: np.ndarray | None = None,
 ) -> Ceiling:
     """The noise ceiling of the K-sample reference (``returns`` [N, K], ``base`` [N]).
 
@@ -156,6 +199,8 @@ def value_ceiling(
     probability that its true value lies on the reference's side of b_n:
 
         ceiling = mean over states with X_n / K != b_n of P(sgn(p_n - b_n) = sgn(X_n/K - b_n) | X_n)
+
+    Spread: :func:`spread_ceiling` over ``block`` (default one block).
     """
     returns = np.asarray(returns, dtype=float)
     base = np.asarray(base, dtype=float)
@@ -168,7 +213,9 @@ def value_ceiling(
     keep = side != 0
     agree = np.where(side > 0, above, 1.0 - above)[keep]
     sign = float(agree.mean()) if keep.any() else float("nan")
-    return Ceiling(rho, float(np.sqrt(rho)) if rho >= 0 else float("nan"), sign)
+    blk = np.zeros(len(returns), dtype=int) if block is None else np.asarray(block)
+    r = float(np.sqrt(rho)) if rho >= 0 else float("nan")
+    return Ceiling(rho, r, sign, spread_ceiling(returns, blk))
 
 
 GRID = np.linspace(0.0, 1.0, 2001)

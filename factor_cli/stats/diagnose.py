@@ -495,7 +495,7 @@ def _perturb_intervals(wide: pd.DataFrame, keys: list[str], seed: int) -> pd.Dat
                                        "effect_ci_low", "effect_ci_high"])  # fmt: skip
 
 
-VALUE_METRICS = ("mse", "mae", "bias", "pearson", "sign_accuracy")
+VALUE_METRICS = ("mse", "mae", "bias", "pearson", "sign_accuracy", "spread")
 CALIBRATION_RESAMPLES = 1000
 
 
@@ -519,10 +519,11 @@ def value_against_mc(estimates: pd.DataFrame, actions: pd.DataFrame, seed: int =
     """Table 17: V_target(x_t) (the action record's ``value``) against an independent Monte-Carlo
     return V^MC(x_t) (``v``: the mean of N continuations from x_t, never used for training), per
     method, env, phase (early, late, all) and metric (MSE, MAE, bias = mean(V - V^MC), Pearson r,
-    and sign accuracy of V - b against V^MC - b with b the group baseline, ties V^MC = b left
-    out), each with a 95% interval from a bootstrap over trajectories, and beside it the
-    reference's noise ceiling (:mod:`.calibration`): ``reliability`` rho_N and, for r and sign
-    accuracy, the best any estimator can reach against an N-sample reference.
+    sign accuracy of V - b against V^MC - b with b the group baseline, ties V^MC = b left
+    out, and the spread of V against V^MC within each run's step), each with a 95% interval
+    from a bootstrap over trajectories, and beside it the reference's noise ceiling
+    (:mod:`.calibration`): ``reliability`` rho_N and, for r and sign accuracy, the best any
+    estimator can reach against an N-sample reference; for the spread, the true values'.
 
     ``estimates``: the td-sign replay's rows (``value``, ``v``, ``v_returns``, ``group``,
     ``phase``, run columns); ``actions``: the runs' action records (for the baselines).
@@ -549,9 +550,11 @@ def value_against_mc(estimates: pd.DataFrame, actions: pd.DataFrame, seed: int =
                 continue
             pred, ref, base = (p[c].to_numpy(dtype=float) for c in ("value", "v", "baseline"))
             cluster = p.groupby(["run_id", "step", "traj"], sort=False).ngroup().to_numpy()
-            got = value_metrics(pred, ref, base, cluster, rng, CALIBRATION_RESAMPLES)
-            ceiling = value_ceiling(_returns_matrix(p["v_returns"]), base, rng)
-            best = {"pearson": ceiling.pearson, "sign_accuracy": ceiling.sign_accuracy}
+            block = p.groupby(["run_id", "step"], sort=False).ngroup().to_numpy()
+            got = value_metrics(pred, ref, base, cluster, rng, CALIBRATION_RESAMPLES, block)
+            ceiling = value_ceiling(_returns_matrix(p["v_returns"]), base, rng, block=block)
+            best = {"pearson": ceiling.pearson, "sign_accuracy": ceiling.sign_accuracy,
+                    "spread": ceiling.spread}  # fmt: skip
             for name in VALUE_METRICS:
                 iv = got[name]
                 rows.append([*head, phase, name, len(p), iv.point, iv.low, iv.high,

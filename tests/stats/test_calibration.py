@@ -22,6 +22,7 @@ def test_value_metrics_exact_on_a_hand_case() -> None:
     assert got["bias"].point == pytest.approx(0.1 / 3)
     assert got["pearson"].point == pytest.approx(np.corrcoef(pred, ref)[0, 1])
     assert got["sign_accuracy"].point == 1.0  # the tie (ref = b) is left out
+    assert got["spread"].point == pytest.approx(np.std(pred) / np.std(ref))
     for iv in got.values():
         assert iv.low <= iv.point + 1e-12 and iv.point <= iv.high + 1e-12
 
@@ -69,6 +70,38 @@ def test_value_ceiling_matches_what_the_truth_scores_against_the_reference() -> 
     truth_sign = np.mean(np.sign(p - base)[keep] == np.sign(ref - base)[keep])
     assert ceiling.sign_accuracy == pytest.approx(truth_sign, abs=0.03)
     assert ceiling.sign_accuracy < 1.0
+
+
+def test_spread_is_within_blocks_zero_for_a_flat_head_and_the_ceiling_for_the_truth() -> None:
+    p, returns = _simulated(4000, 16, 5)
+    ref, base, traj = returns.mean(1), np.full(len(p), 0.5), np.arange(len(p))
+    block = np.arange(len(p)) // 8  # steps of 8 states
+    rng = np.random.default_rng(0)
+    # A head that predicts one value per step, whatever level it drifted to: no spread.
+    flat = np.repeat(rng.random(len(p) // 8), 8)
+    assert value_metrics(flat, ref, base, traj, rng, 20, block)["spread"].point < 1e-9
+    # Within blocks only: adding a level per block changes nothing.
+    truth = value_metrics(p, ref, base, traj, rng, 20, block)["spread"].point
+    shifted = value_metrics(p + flat, ref, base, traj, rng, 20, block)["spread"].point
+    assert shifted == pytest.approx(truth)
+    ceiling = value_ceiling(returns, base, rng, splits=20, block=block)
+    assert ceiling.spread == pytest.approx(truth, abs=0.02)
+    # One block: the pooled spread, which for the truth is sqrt(rho_K) (= the r ceiling).
+    assert value_ceiling(returns, base, rng, splits=50).spread == pytest.approx(
+        ceiling.pearson, abs=0.02
+    )
+
+
+def test_spread_matches_a_loop_oracle() -> None:
+    rng = np.random.default_rng(6)
+    pred, ref, block = rng.random(30), rng.random(30), rng.integers(0, 4, 30)
+    num = den = 0.0
+    for blk in set(block.tolist()):
+        m = block == blk
+        num += sum((x - pred[m].mean()) ** 2 for x in pred[m])
+        den += sum((x - ref[m].mean()) ** 2 for x in ref[m])
+    got = value_metrics(pred, ref, np.full(30, 0.5), np.arange(30), rng, 10, block)
+    assert got["spread"].point == pytest.approx((num / den) ** 0.5)
 
 
 def test_td_sign_ceiling_matches_a_simulation() -> None:

@@ -211,6 +211,7 @@ def test_value_against_mc_is_table_17_with_the_ceiling() -> None:
         assert every.loc[name, "ci_low"] <= iv.point <= every.loc[name, "ci_high"]
     assert 0 < every.loc["pearson", "ceiling"] <= 1 and every.loc["sign_accuracy", "ceiling"] > 0.5
     assert np.isnan(every.loc["mse", "ceiling"])
+    assert 0 < every.loc["spread", "ceiling"] <= 1
 
 
 def test_value_against_mc_refuses_caches_without_returns() -> None:
