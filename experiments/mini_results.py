@@ -647,8 +647,8 @@ def value_mc_table(value_mc: pd.DataFrame) -> pd.DataFrame:
 def run_table(folder: Path, turns: int = 6) -> pd.DataFrame:
     """One row per exported run whose credit has a value head (issue 37's per-seed check): greedy
     success at the start and the end, the change with the paired 95% CI the run logged; late in
-    the run, the value against the independent reference (Pearson r, bias, sign accuracy, each
-    with its noise ceiling where it has one) and TD credit's sign agreement; and in successful
+    the run, the value against the independent reference (Pearson r, bias, sign accuracy,
+    spread within a step, each with its noise ceiling where it has one) and TD credit's sign agreement; and in successful
     trajectories, the first action's mean credit share A*_0 / A^seq [95% CI] and the lowest
     mean share over turns 0..``turns``-1 (negative: some position is pushed against a win)."""
     runs = pd.read_csv(folder / "runs.csv")
@@ -675,7 +675,7 @@ def _run_row(folder: Path, run: Any, curves: pd.DataFrame, est: pd.DataFrame, tu
     value = d.value_against_mc(est, acts, seed=BOOT_SEED)
     value = value[value["phase"] == "late"].set_index("metric")
     v = {m: _ci(*value.loc[m, ["value", "ci_low", "ci_high"]], signed=m == "bias")
-         for m in ("pearson", "bias", "sign_accuracy")}  # fmt: skip
+         for m in ("pearson", "bias", "sign_accuracy", "spread") if m in value.index}  # fmt: skip
     sign = d.td_sign(est, seed=BOOT_SEED).set_index("phase")
     pos = d.credit_by_position(acts, seed=BOOT_SEED)
     wins = pos[pos["result"] == "success"].set_index("position")
@@ -687,6 +687,8 @@ def _run_row(folder: Path, run: Any, curves: pd.DataFrame, est: pd.DataFrame, tu
         "change [95% CI]": _ci(run.change, run.change_low, run.change_high),
         "value r / ceiling": f"{v['pearson']} / {value.loc['pearson', 'ceiling']:.2f}",
         "value bias": v["bias"],
+        "value spread / ceiling": "-" if "spread" not in v else
+            f"{v['spread']} / {value.loc['spread', 'ceiling']:.2f}",
         "value sign acc. / ceiling":
             f"{v['sign_accuracy']} / {value.loc['sign_accuracy', 'ceiling']:.2f}",
         "TD sign agr. / ceiling": "-" if late is None else
