@@ -119,8 +119,9 @@ def export(
     the cells finished since, replacing the rows of a cell exported before (:data:`CELL`), and
     keeps the others. The runs' per-action records are kept under ``out/records/`` (a few tens
     of kB per run, gzipped), so the pooled diagnostics are recomputed over every exported run,
-    including those whose ledger and folders are gone; only the Monte-Carlo replays need a
-    run's folder, and each run is replayed once, in the sitting that exports it."""
+    including those whose ledger and folders are gone; only the Monte-Carlo replays (td-sign,
+    and with ``replays`` feedback and token-perturb) need a run's folder, and each run is
+    replayed once, in the sitting that exports it: the estimates are kept beside the tables."""
     from factor_cli.studies.matrix import expand
     from factor_cli.studies.results import gather
     from factor_cli.studies.spec import load_spec
@@ -134,8 +135,6 @@ def export(
                          "first, or export the finished ones with --partial")  # fmt: skip
     if results.items.empty:
         raise SystemExit(f"{study}: no finished cell to export")
-    if replays is not None and partial:
-        raise SystemExit("--replays needs every run's folder: export the whole study")
     labels = {cell.key: _setting(cell.config) for cell in matrix.cells}
     # Label by the row (distill's "factor-no-kl" runs method factor); the setting column holds
     # the axis point, which the variant's label would repeat ("factor[env.max_turns=6,...]").
@@ -257,10 +256,8 @@ def _export_diagnostics(
     runs: pd.DataFrame, new: pd.DataFrame, out: Path, plan: Any, replays: Path | None
 ) -> None:
     """The diagnostics of every exported run (``runs``) from the stored records, the td-sign
-    replays of the ``new`` FACTOR runs added to those exported before (``plan``: theirs)."""
-    from rich.progress import Progress
-
-    from factor_cli.ledger.records import Records, load_records
+    replays of the ``new`` FACTOR runs added to those exported before (``plan``: theirs), and
+    likewise feedback and token-perturb (``replays``: their cache; None: no new replays)."""
     from factor_cli.rollout.credit_replay import COMPARED, replay_credit
     from factor_cli.stats import diagnose as d
 
@@ -268,6 +265,7 @@ def _export_diagnostics(
     folder.mkdir(parents=True, exist_ok=True)
     tables: dict[str, list[pd.DataFrame]] = {}
     estimates = _estimates(runs, new, folder / "td-sign-estimates.csv", plan)
+    replayed = _replay_estimates(runs, new, folder, replays)
     for (setting, label), group in runs.groupby(["setting", "method"], sort=True):
         # One row (variant) at a time, relabelled: two rows may share a ledger method.
         acts, conts = stored_records(out / "records", group["run_id"].tolist())
@@ -286,9 +284,10 @@ def _export_diagnostics(
         est = estimates[estimates["run_id"].isin(group["run_id"])]
         if not est.empty:  # Table 17 against the independent reference
             found["value-mc"] = d.value_against_mc(est, acts, seed=BOOT_SEED)
-        if replays is not None:
-            recs = load_records(group["run_id"].tolist())
-            found.update(_replay_tables(Records(acts, conts, recs.runs), replays, Progress))
+        for kind, rows in replayed.items():
+            mine = rows[rows["run_id"].isin(group["run_id"])]
+            if not mine.empty:
+                found[kind] = _replay_kinds()[kind][1](mine)
         for name, table in found.items():
             # One environment per setting: the setting column says it.
             table = table.drop(columns="env", errors="ignore").assign(method=label)
@@ -352,30 +351,60 @@ def _estimates(runs: pd.DataFrame, new: pd.DataFrame, path: Path, plan: Any) -> 
     return frame
 
 
-def _replay_tables(recs: Any, cache: Path, progress_bar: Any) -> dict[str, pd.DataFrame]:
-    """feedback and token-perturb on the runs with a teacher (:data:`REPLAY_PLANS`), their
-    estimates cached under ``cache/<kind>`` (where ``factor diagnose`` with the same plan
-    leaves them)."""
+def _replay_kinds() -> dict[str, tuple[Any, Any]]:
+    """kind -> (its estimates of runs with a teacher, their pooled table per row)."""
     from factor_cli.diagnostics.feedback_probe import feedback_estimates
-    from factor_cli.diagnostics.replay import McPlan
     from factor_cli.diagnostics.token_perturb import perturb_estimates
     from factor_cli.stats import diagnose as d
 
-    kinds = {"feedback": (feedback_estimates, d.feedback_concentration),
-             "token-perturb": (perturb_estimates, d.token_perturb)}  # fmt: skip
-    tables = {}
-    for name, (estimate, table) in kinds.items():
-        samples, actions = REPLAY_PLANS[name]
-        with progress_bar() as bar:
-            task = bar.add_task(name, total=None)
+    return {"feedback": (feedback_estimates, d.feedback_concentration),
+            "token-perturb": (perturb_estimates, d.token_perturb)}  # fmt: skip
 
-            def progress(label: str, i: int, n: int, task: Any = task) -> None:
-                bar.update(task, description=label, completed=i, total=n)
 
-            rows = estimate(recs.actions, recs.runs, McPlan(samples, actions, BOOT_SEED),
-                            cache / name, progress)  # fmt: skip
-        tables[name] = table(rows).drop(columns="env", errors="ignore")
-    return tables
+def _replay_estimates(
+    runs: pd.DataFrame, new: pd.DataFrame, folder: Path, cache: Path | None
+) -> dict[str, pd.DataFrame]:
+    """feedback and token-perturb estimates (:data:`REPLAY_PLANS`) of every exported run with
+    a teacher: those exported before (``folder/<kind>-estimates.csv``, kept while their run is
+    exported), and with ``cache`` the ``new`` runs' replayed now (estimates cached under
+    ``cache/<kind>``, where ``factor diagnose`` with the same plan leaves them), each labelled
+    with its row and setting."""
+    from rich.progress import Progress
+
+    from factor_cli.atomic import atomic_target
+    from factor_cli.credit import METHODS
+    from factor_cli.diagnostics.replay import McPlan
+    from factor_cli.ledger.records import load_records
+
+    out = {}
+    for kind, (estimate, _) in _replay_kinds().items():
+        path = folder / f"{kind}-estimates.csv"
+        old = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=["run_id"])
+        parts = [old[old["run_id"].isin(runs["run_id"]) & ~old["run_id"].isin(new["run_id"])]]
+        for (setting, label), group in new.groupby(["setting", "method"], sort=True):
+            if cache is None:
+                break
+            recs = load_records(group["run_id"].tolist())
+            teacher = recs.runs[recs.runs["method"].map(lambda m: METHODS.get(m).uses_teacher)]
+            if teacher.empty:
+                continue
+            samples, actions = REPLAY_PLANS[kind]
+            with Progress() as bar:
+                task = bar.add_task(f"{kind} {setting} {label}", total=None)
+
+                def progress(text: str, i: int, n: int, task: Any = task) -> None:
+                    bar.update(task, description=text, completed=i, total=n)
+
+                rows = estimate(recs.actions, teacher, McPlan(samples, actions, BOOT_SEED),
+                                cache / kind, progress)  # fmt: skip
+            parts.append(rows.assign(setting=setting, method=label))
+        parts = [p for p in parts if not p.empty]
+        empty = pd.DataFrame(columns=["run_id"])
+        out[kind] = pd.concat(parts, ignore_index=True) if parts else empty
+        if parts or path.exists():
+            with atomic_target(path) as tmp:
+                out[kind].to_csv(tmp, index=False)
+    return out
 
 
 # ------------------------------------------------------------------------------------- render
@@ -648,9 +677,10 @@ def run_table(folder: Path, turns: int = 6) -> pd.DataFrame:
     """One row per exported run whose credit has a value head (issue 37's per-seed check): greedy
     success at the start and the end, the change with the paired 95% CI the run logged; late in
     the run, the value against the independent reference (Pearson r, bias, sign accuracy,
-    spread within a step, each with its noise ceiling where it has one) and TD credit's sign agreement; and in successful
-    trajectories, the first action's mean credit share A*_0 / A^seq [95% CI] and the lowest
-    mean share over turns 0..``turns``-1 (negative: some position is pushed against a win)."""
+    spread within a step, each with its noise ceiling where it has one) and TD credit's sign
+    agreement; and in successful trajectories, the first action's mean credit share
+    A*_0 / A^seq [95% CI] and the lowest mean share over turns 0..``turns``-1 (negative: some
+    position is pushed against a win)."""
     runs = pd.read_csv(folder / "runs.csv")
     curves = pd.read_csv(folder / "curves.csv")
     est = pd.read_csv(folder / "diagnostics" / "td-sign-estimates.csv")
@@ -741,7 +771,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ex.add_argument("--samples", type=int, default=16, help="td-sign continuations per side")
     ex.add_argument("--actions", type=int, default=32, help="td-sign actions per replayed step")
     ex.add_argument("--replays", type=Path, default=None, metavar="CACHE",
-                    help="also feedback and token-perturb, cached under CACHE/<kind>")  # fmt: skip
+                    help="also feedback and token-perturb of the runs exported now, cached "
+                         "under CACHE/<kind> (kept beside the tables for later parts)")  # fmt: skip
     ex.add_argument(
         "--partial",
         action="store_true",

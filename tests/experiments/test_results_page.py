@@ -89,6 +89,23 @@ def test_a_partial_export_replaces_its_own_cells_and_keeps_the_others(tmp_path: 
     ]  # fmt: skip
 
 
+def test_replay_estimates_keep_exported_runs_and_drop_the_rest(tmp_path: Path) -> None:
+    import pandas as pd
+
+    mr = _module()
+    for kind in ("feedback", "token-perturb"):
+        pd.DataFrame({"run_id": ["kept", "gone", "again"], "x": [1, 2, 3]}).to_csv(
+            tmp_path / f"{kind}-estimates.csv", index=False
+        )
+    runs = pd.DataFrame({"run_id": ["kept", "again"], "setting": "s", "method": "factor"})
+    new = runs[runs["run_id"] == "again"]
+    # Without a replay cache nothing is replayed: the re-exported run's old rows go too.
+    got = mr._replay_estimates(runs, new, tmp_path, None)
+    for kind, frame in got.items():
+        assert frame["run_id"].tolist() == ["kept"]
+        assert pd.read_csv(tmp_path / f"{kind}-estimates.csv")["run_id"].tolist() == ["kept"]
+
+
 def test_stored_records_read_back_as_written(tmp_path: Path) -> None:
     import pandas as pd
 
