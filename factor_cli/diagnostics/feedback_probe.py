@@ -172,13 +172,16 @@ class ReplayedStep:
 
 def replay_step(
     run_dir: Path, step_actions: pd.DataFrame, plan: McPlan, on_turn: Any = None
-) -> ReplayedStep:
+) -> ReplayedStep | None:
     """The trajectories of the actions :func:`.replay.draw_actions` draws from one step,
-    replayed by script under the policy of checkpoint k - 1."""
+    replayed by script under the policy of checkpoint k - 1; None when the step credited no
+    action (every group's outcomes agreed), so nothing is drawn."""
     from factor_cli.train.generation import make_backend
 
     k = int(step_actions["step"].iloc[0])
     chosen = draw_actions(step_actions, plan)
+    if chosen.empty:
+        return None
     trajs = sorted(chosen["traj"].unique().tolist())
     rows = step_actions[step_actions["traj"].isin(trajs)].sort_values(["traj", "turn"])
     plays = [(str(g["instance"].iloc[0]), int(g["group"].iloc[0]), g["action"].astype(str).tolist())
@@ -255,6 +258,8 @@ def feedback_rows(
     """One step's drawn trajectories replayed and scored under every condition (:data:`COLUMNS`
     rows, one per action and condition; ``dropped`` in ``attrs``)."""
     step = replay_step(run_dir, step_actions, plan, on_turn)
+    if step is None:
+        return pd.DataFrame(columns=list(COLUMNS))
     try:
         weights = allocation_weights(step, method, CONDITIONS, plan.seed)
     finally:

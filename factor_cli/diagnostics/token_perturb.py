@@ -125,6 +125,8 @@ def perturb_rows(
     """One step's perturbations played out (:data:`COLUMNS`, one row per action and
     quartile)."""
     step = replay_step(run_dir, step_actions, plan, on_turn)
+    if step is None:  # the step credited no action: nothing drawn
+        return pd.DataFrame(columns=list(COLUMNS))
     try:
         return _play_out(step, int(step_actions["step"].iloc[0]), method, plan, on_turn)
     finally:

@@ -1,4 +1,4 @@
-"""The Monte-Carlo replay's edge: a replayed step with no action to check plays nothing."""
+"""The Monte-Carlo replays' edge: a replayed step with no action to check plays nothing."""
 
 from __future__ import annotations
 
@@ -18,3 +18,18 @@ def test_a_step_with_no_credited_action_plays_nothing_and_returns_no_rows() -> N
     cfg = SimpleNamespace(env=SimpleNamespace(max_turns=6))
     rows = mc_advantages(cfg, None, step, chosen, McPlan(4, 8, 0))  # type: ignore[arg-type]
     assert rows.empty and list(rows.columns) == list(MC_COLUMNS)
+
+
+def test_feedback_and_token_perturb_skip_a_step_with_no_credited_action(tmp_path) -> None:
+    """Both replay a step's drawn trajectories from its checkpoint; with no credited action
+    nothing is drawn, so neither opens a checkpoint (there is none under ``tmp_path``) or an
+    environment pool (of size 0: the crash this guards against)."""
+    from factor_cli.diagnostics import feedback_probe, token_perturb
+
+    step = pd.DataFrame({"step": [3, 3], "traj": [0, 0], "turn": [0, 1], "credit": [0.0, 0.0],
+                         "action": ["go east", "take coin"]})  # fmt: skip
+    assert feedback_probe.replay_step(tmp_path, step, McPlan(1, 16, 0)) is None
+    for module, rows_of in ((feedback_probe, feedback_probe.feedback_rows),
+                            (token_perturb, token_perturb.perturb_rows)):  # fmt: skip
+        rows = rows_of(tmp_path, step, "factor", McPlan(4, 8, 0))
+        assert rows.empty and list(rows.columns) == list(module.COLUMNS)
