@@ -1,8 +1,7 @@
 """The training engine: DeepSpeed, on GPUs and on the CPU alike.
 
-On a CPU DeepSpeed runs with ``DS_ACCELERATOR=cpu`` and the gloo backend; a single process
-needs the torch.distributed variables (MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK), which
-are filled in when absent (without them DeepSpeed falls back to mpi4py). Its first use
+On a CPU DeepSpeed runs with ``DS_ACCELERATOR=cpu`` and the gloo backend; a single process is
+a world of one whose process group lives on an in-process store (no port to race for). Its first use
 JIT-compiles a communication op, cached in the project-local ``.torch_extensions``. Multi-process
 runs use ``torchrun --nproc_per_node N -m factor_cli train ...``, which sets those variables.
 
@@ -19,7 +18,6 @@ losses are normalised by the mini-batch's global count, so the split never chang
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,27 +30,30 @@ from .config import TrainConfig
 EXTENSIONS_DIR = Path(__file__).resolve().parents[2] / ".torch_extensions"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def prepare_distributed_env(device: str) -> None:
-    """Environment DeepSpeed needs. Under a launcher (torchrun) its variables are kept; a
-    standalone process is a world of one on a fresh port, even if it inherited a parent's
-    variables (a parent's MASTER_PORT would still be bound by the parent's store)."""
+    """Environment DeepSpeed needs, and a process group. Under a launcher (torchrun) its
+    variables and group are kept; a standalone process becomes a world of one whose group
+    lives on an in-process store. No port is involved: picking a free port and binding it later
+    raced with every other process on the machine (two runners of a study, each with its cells,
+    lost cells to EADDRINUSE), and a parent's inherited MASTER_PORT would still be bound."""
     if not device.startswith("cuda"):
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(EXTENSIONS_DIR))
     launched = "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_WORLD_SIZE" in os.environ
-    if launched:
+    if launched or not torch.distributed.is_available():
         return
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    if torch.distributed.is_initialized():
         return  # this process already runs its own world of one
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(_free_port())
+    # DeepSpeed looks for these before it sees the group exists (without them it tries mpi4py);
+    # the group below never reads MASTER_ADDR/PORT, so an inherited port is harmless.
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
+    torch.distributed.init_process_group(
+        backend="nccl" if device.startswith("cuda") else "gloo",
+        store=torch.distributed.HashStore(),
+        rank=0,
+        world_size=1,
+    )
 
 
 def world() -> tuple[int, int]:

@@ -143,8 +143,11 @@ def test_value_is_table_17_against_an_independent_reference(study: dict[str, str
     assert res.exit_code == 0, res.output
     table = pd.read_csv(Path(study["out"]) / "value.csv")
     assert set(table["method"]) == {"factor"}
-    assert set(table["metric"]) == {"mse", "mae", "bias", "pearson", "sign_accuracy"}
+    metrics = {"mse", "mae", "bias", "pearson", "sign_accuracy", "spread"}
+    assert set(table["metric"]) == metrics
     assert (table["states"] > 0).all() and "ceiling" in table.columns
+    spread = table[table["metric"] == "spread"]
+    assert (spread["value"].dropna() >= 0).all() and (spread["ceiling"].dropna() <= 1).all()
     assert "reliability" in res.output and "against its training targets" in res.output
     assert (Path(study["out"]) / "value.png").stat().st_size > 1000
     cache = list((Path(study["out"]) / "td-sign-estimates").glob("*-n2-a4-s0-rows.csv"))

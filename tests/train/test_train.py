@@ -353,8 +353,9 @@ def _dp_results(model: Path, tmp: Path, flags: list[str]) -> dict[int, dict[str,
 
     torchrun = Path(sys.executable).with_name("torchrun")
     out = tmp / "dp2.json"
-    port = str(_free_port())
-    cmd = [str(torchrun), "--nproc_per_node", "2", "--master_port", port,
+    # --standalone: the rendezvous binds port 0 itself (a port picked here could be taken
+    # by another test's process before torchrun binds it).
+    cmd = [str(torchrun), "--standalone", "--nproc_per_node", "2",
            str(ROOT / "tests" / "dp_worker.py"), str(model), str(out), *flags]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
@@ -398,14 +399,6 @@ def test_two_processes_equal_one_with_the_critic(
         assert results[1][key] == pytest.approx(results[2][key], rel=1e-5, abs=1e-6), key
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.slow
 @needs_twx
 def test_torchrun_job_equals_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -424,10 +417,9 @@ def test_torchrun_job_equals_one_process(tiny_model_dir: Path, tmp_path: Path) -
         1: [sys.executable, "-m", "factor_cli"],
         2: [
             str(torchrun),
+            "--standalone",
             "--nproc_per_node",
             "2",
-            "--master_port",
-            str(_free_port()),
             "-m",
             "factor_cli",
         ],
