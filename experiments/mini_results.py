@@ -638,7 +638,104 @@ def study_blocks(folder: Path) -> dict[str, str]:
     if (folder / "diagnostics" / "value-mc.csv").exists():
         blocks["value-mc"] = _md(value_mc_table(_diag(folder, "value-mc")))
         blocks["runs"] = _md(run_table(folder))  # exported with records since 2026-12-06
+    if name in BESIDE and (folder.parent / BESIDE[name] / "items.csv").exists():
+        blocks["beside-paper"] = _md(beside_paper(folder, folder.parent / BESIDE[name]))
     return {f"{name}.{k}": v for k, v in blocks.items()}
+
+
+# The paper's own figure for each diagnostic: (diagnostic, method) -> (value, where).
+PAPER = {
+    ("TD credit's sign agreement, early", "factor"): ("0.768", "Fig. 5B, steps 11-49"),
+    ("TD credit's sign agreement, late", "factor"): ("0.892", "Fig. 5B"),
+    ("value: Pearson r, late", "factor"): ("0.83-0.91", "Table 17, step 50"),
+    ("value: sign accuracy, late", "factor"): ("0.876-0.921", "Table 17, steps 40-50"),
+    ("value: MSE, late", "factor"): ("0.031-0.057", "Table 17, step 50"),
+    ("value: spread sd(V)/sd(V^MC) in a step", "factor"): ("not reported", ""),
+    ("coefficient deviation, median", "factor"): ("<4e-7", "Fig. 5A, Table 18"),
+    ("coefficient deviation, median", "serl-repro"): ("0.067", "Fig. 5A"),
+    ("shuffled feedback: concentration true / shuffled / none", "factor"): (
+        "0.38 / 0.21 / 0.17", "Table 27, mean $\\rho_{\\max}$"),
+    ("token perturbation AUC, positive / negative credit", "factor"): ("0.65 / 0.60", "Fig. 5C"),
+}  # fmt: skip
+VALUE_ROWS = {
+    "pearson": "value: Pearson r, late", "sign_accuracy": "value: sign accuracy, late",
+    "mse": "value: MSE, late", "spread": "value: spread sd(V)/sd(V^MC) in a step",
+}  # fmt: skip
+# The study each study's diagnostics stand beside (the first replication for the second).
+BESIDE = {"mini2": "mini"}
+
+
+def _each(values: dict[str, str]) -> str:
+    """Per-setting values in one cell: ``0.52 (coin3 T6); 0.55 (coin6 T12)``."""
+    if not values:
+        return "not measured"
+    return "; ".join(
+        f"{v} ({s})" for s, v in sorted(values.items(), key=lambda kv: setting_order(kv[0]))
+    )
+
+
+def _measured(folder: Path) -> dict[tuple[str, str], str]:
+    """One study's value of each :data:`PAPER` row it has the data for (late = its last kept
+    steps, as its tables)."""
+    from factor_cli.stats import diagnose as d
+
+    diag = folder / "diagnostics"
+    out: dict[tuple[str, str], dict[str, str]] = {}
+
+    def put(row: str, method: str, setting: str, text: str) -> None:
+        out.setdefault((row, method), {})[setting] = text
+
+    est = pd.read_csv(diag / "td-sign-estimates.csv")
+    for (setting, method), g in est[est["method"] == "factor"].groupby(["setting", "method"]):
+        sign = d.td_sign(g, seed=BOOT_SEED).set_index("phase")
+        for phase in ("early", "late"):
+            if phase in sign.index and not np.isnan(sign.loc[phase, "agreement"]):
+                put(f"TD credit's sign agreement, {phase}", method, setting,
+                    f"{sign.loc[phase, 'agreement']:.2f}")  # fmt: skip
+    if (diag / "value-mc.csv").exists():  # against the independent reference
+        vmc = pd.read_csv(diag / "value-mc.csv")
+        late = vmc[(vmc["phase"] == "late") & (vmc["method"] == "factor")]
+        for row in late.itertuples(index=False):
+            if row.metric in VALUE_ROWS:
+                put(VALUE_ROWS[row.metric], "factor", row.setting, f"{row.value:.2f}")
+    else:  # the first replication measured the head against its own training targets
+        for row in pd.read_csv(diag / "value.csv").itertuples(index=False):
+            put(
+                "value: Pearson r, late", row.method, row.setting, f"{row.pearson:.2f} (vs targets)"
+            )
+            put("value: MSE, late", row.method, row.setting, f"{row.mse:.2f} (vs targets)")
+    for row in pd.read_csv(diag / "coef-deviation.csv").itertuples(index=False):
+        if row.method in ("factor", "serl-repro"):
+            put("coefficient deviation, median", row.method, row.setting, f"{row.median:.1g}")
+    if (diag / "feedback.csv").exists():
+        fb = pd.read_csv(diag / "feedback.csv")
+        for setting, g in fb[fb["method"] == "factor"].groupby("setting"):
+            mass = g.set_index("condition")["top_mass"]
+            put("shuffled feedback: concentration true / shuffled / none", "factor", setting,
+                " / ".join(f"{mass[c]:.3f}" for c in ("true", "shuffled", "none"))
+                + f" (uniform {g['uniform_top_mass'].iloc[0]:.3f})")  # fmt: skip
+    if (diag / "token-perturb.csv").exists():
+        tp = pd.read_csv(diag / "token-perturb.csv")
+        for setting, g in tp[tp["method"] == "factor"].groupby("setting"):
+            auc = g.set_index("sign")["auc"]
+            put(
+                "token perturbation AUC, positive / negative credit",
+                "factor",
+                setting,
+                f"{auc.get('positive', np.nan):.2f} / {auc.get('negative', np.nan):.2f}",
+            )
+    return {key: _each(v) for key, v in out.items()}
+
+
+def beside_paper(folder: Path, first: Path) -> pd.DataFrame:
+    """Each diagnostic of :data:`PAPER` three times: the paper's figure, the first replication's
+    (``first``) and this study's (``folder``); a study that did not measure one says so."""
+    this, before = _measured(folder), _measured(first)
+    rows = [{"diagnostic": row, "method": method, "paper": f"{value} ({where})" if where else value,
+             "first replication": before.get((row, method), "not measured"),
+             "this one": this.get((row, method), "not measured")}
+            for (row, method), (value, where) in PAPER.items()]  # fmt: skip
+    return pd.DataFrame(rows)
 
 
 def position_table(position: pd.DataFrame, turns: int = 6) -> pd.DataFrame:

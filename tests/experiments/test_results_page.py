@@ -196,3 +196,56 @@ def test_bucket_gain_is_the_subjects_success_minus_the_baselines_per_length_buck
     assert list(table.columns) == ["setting", "comparison", "1-3", "4-6", "10-12"]
     assert table.to_dict("records") == [{"setting": "coin6 T12", "comparison": "factor - grpo",
                                          "1-3": "-10.0", "4-6": "-", "10-12": "+20.0"}]  # fmt: skip
+
+
+def _diagnostics(folder: Path, tables: dict[str, list[dict]]) -> None:
+    import pandas as pd
+
+    (folder / "diagnostics").mkdir(parents=True)
+    for name, rows in tables.items():
+        pd.DataFrame(rows).to_csv(folder / "diagnostics" / f"{name}.csv", index=False)
+
+
+def test_beside_paper_sets_each_study_beside_the_papers_figure(tmp_path: Path) -> None:
+    """Each paper figure gets the first replication's and this study's value per setting; the
+    first replication's value is against training targets (it has no independent reference)
+    and says so; what a study did not measure says "not measured"."""
+    mr = _module()
+
+    def est(setting: str, late_agree: int) -> list[dict]:  # 4 late actions, late_agree agree
+        return [{"method": "factor", "setting": setting, "run_id": "r", "step": 9, "traj": t,
+                 "phase": "late", "credit": 1.0, "mc": 1.0 if t < late_agree else -1.0}
+                for t in range(4)]  # fmt: skip
+
+    coef = [{"method": "factor", "setting": "coin3 T6", "median": 3e-8},
+            {"method": "serl-repro", "setting": "coin3 T6", "median": 0.05}]  # fmt: skip
+    first, second = tmp_path / "mini", tmp_path / "mini2"
+    _diagnostics(first, {"td-sign-estimates": est("coin3 T6", 2),
+                         "value": [{"method": "factor", "setting": "coin3 T6", "mse": 0.2,
+                                    "pearson": 0.26}], "coef-deviation": coef})  # fmt: skip
+    value_mc = [{"method": "factor", "setting": s, "phase": ph, "metric": m, "value": v}
+                for s in ("coin3 T6", "coin11 T24") for ph, v in (("early", 0.1), ("late", 0.5))
+                for m in ("pearson", "sign_accuracy", "mse", "spread", "bias")]  # fmt: skip
+    feedback = [{"method": "factor", "setting": "coin3 T6", "condition": c, "top_mass": m,
+                 "uniform_top_mass": 0.3} for c, m in (("true", 0.4), ("shuffled", 0.35),
+                                                       ("none", 0.3))]  # fmt: skip
+    _diagnostics(second, {
+        "td-sign-estimates": est("coin11 T24", 3) + est("coin3 T6", 4), "value-mc": value_mc,
+        "coef-deviation": coef, "feedback": feedback,
+    })  # fmt: skip
+    table = mr.beside_paper(second, first).set_index(["diagnostic", "method"])
+    late = table.loc[("TD credit's sign agreement, late", "factor")]
+    assert late["paper"] == "0.892 (Fig. 5B)"
+    assert late["first replication"] == "0.50 (coin3 T6)"
+    assert late["this one"] == "1.00 (coin3 T6); 0.75 (coin11 T24)"  # horizon order
+    early = table.loc[("TD credit's sign agreement, early", "factor")]
+    assert early["this one"] == "not measured"  # no early actions
+    r = table.loc[("value: Pearson r, late", "factor")]
+    assert r["first replication"] == "0.26 (vs targets) (coin3 T6)"
+    assert r["this one"] == "0.50 (coin3 T6); 0.50 (coin11 T24)"
+    serl = table.loc[("coefficient deviation, median", "serl-repro")]
+    assert serl["first replication"] == serl["this one"] == "0.05 (coin3 T6)"
+    shuffled = table.loc[("shuffled feedback: concentration true / shuffled / none", "factor")]
+    assert shuffled["this one"] == "0.400 / 0.350 / 0.300 (uniform 0.300) (coin3 T6)"
+    assert shuffled["first replication"] == "not measured"
+    assert len(table) == len(mr.PAPER)
