@@ -700,10 +700,8 @@ def _measured(folder: Path) -> dict[tuple[str, str], str]:
                 put(VALUE_ROWS[row.metric], "factor", row.setting, f"{row.value:.2f}")
     else:  # the first replication measured the head against its own training targets
         for row in pd.read_csv(diag / "value.csv").itertuples(index=False):
-            put(
-                "value: Pearson r, late", row.method, row.setting, f"{row.pearson:.2f} (vs targets)"
-            )
-            put("value: MSE, late", row.method, row.setting, f"{row.mse:.2f} (vs targets)")
+            put("value: Pearson r, late", row.method, row.setting, f"{row.pearson:.2f} vs targets")
+            put("value: MSE, late", row.method, row.setting, f"{row.mse:.2f} vs targets")
     for row in pd.read_csv(diag / "coef-deviation.csv").itertuples(index=False):
         if row.method in ("factor", "serl-repro"):
             put("coefficient deviation, median", row.method, row.setting, f"{row.median:.1g}")

@@ -241,7 +241,7 @@ def test_beside_paper_sets_each_study_beside_the_papers_figure(tmp_path: Path) -
     early = table.loc[("TD credit's sign agreement, early", "factor")]
     assert early["this one"] == "not measured"  # no early actions
     r = table.loc[("value: Pearson r, late", "factor")]
-    assert r["first replication"] == "0.26 (vs targets) (coin3 T6)"
+    assert r["first replication"] == "0.26 vs targets (coin3 T6)"
     assert r["this one"] == "0.50 (coin3 T6); 0.50 (coin11 T24)"
     serl = table.loc[("coefficient deviation, median", "serl-repro")]
     assert serl["first replication"] == serl["this one"] == "0.05 (coin3 T6)"
