@@ -1,9 +1,10 @@
 """The training engine: DeepSpeed, on GPUs and on the CPU alike.
 
-On a CPU DeepSpeed runs with ``DS_ACCELERATOR=cpu`` and the gloo backend; a single process is
-a world of one whose process group lives on an in-process store (no port to race for). Its first use
-JIT-compiles a communication op, cached in the project-local ``.torch_extensions``. Multi-process
-runs use ``torchrun --nproc_per_node N -m factor_cli train ...``, which sets those variables.
+On a CPU DeepSpeed runs with ``DS_ACCELERATOR=cpu`` and the gloo backend. A single process is a
+world of one whose process group lives on an in-process store (no port to race for); its first
+use JIT-compiles a communication op, cached in the project-local ``.torch_extensions``.
+Multi-process runs use ``torchrun --nproc_per_node N -m factor_cli train ...``, which sets the
+torch.distributed variables and the group's rendezvous.
 
 Several engines: a method with a learned critic (PPO) trains two models, each in an
 :class:`Engine` of its own built by this same code (ZeRO stage, precision and offload from
