@@ -175,7 +175,8 @@ def plan_cmd(
     **matrix_opts: Any,
 ) -> None:
     """The job matrix: one row per cell with its overrides, ledger state and run id, and the
-    estimated compute of the pending cells from past runs of the same (method, env, base)."""
+    estimated compute of the pending cells from past runs of the same study variant (row and
+    axis point, any seed), else of the same (method, env, base) in any study."""
     import json
 
     from factor_cli.studies.estimate import estimate_pending

@@ -44,6 +44,7 @@ from factor_cli.studies.state import (
     T_HEARTBEAT,
     T_LAUNCHER,
     T_SUPERSEDED,
+    T_VARIANTS,
     CellState,
     lock_path,
     matrix_states,
@@ -499,6 +500,41 @@ def test_pending_cells_are_estimated_from_finished_runs_of_the_same_method_env_a
     assert estimate["wall_clock_hours"] == pytest.approx(1.5 + 2 * 0.5)
     assert estimate["node_hours"] == pytest.approx(2 * 0.5)
     assert estimate["cpu_core_hours"] == pytest.approx(2 * (1.5 + 2 * 0.5))
+
+
+def test_a_cell_is_estimated_from_its_own_variant_first_then_from_its_method(
+    tmp_path: Path,
+) -> None:
+    """An axis (here the horizon) can change a cell's cost tenfold: seed 2 of a variant costs
+    what that variant's seed 1 cost, not the mean over the method's every variant."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    path = tmp_path / "axis.yaml"
+    path.write_text(SPEC.format(name="axis", seeds="[1, 2]", rows="{name: grpo}")
+                    + "axes: {env.max_turns: [6, 12, 24]}\n")  # fmt: skip
+    spec, spec_path = load_spec(str(path))
+    options = Options(overrides=[f"output_dir={tmp_path}/runs", f"tracking_uri={uri}"])
+    cells = by_label(expand(spec, spec_path, options))
+    variants = {turns: f"grpo[env.max_turns={turns}]" for turns in (6, 12, 24)}
+
+    def finished(cell: Cell, wall: float, **tags: Any) -> None:
+        run_id = record(cell, uri, "FINISHED", **{T_BASE: "smoke", **tags})
+        set_tags(uri, run_id, {T_WALL: wall, T_GPU: 0.0, T_CORE: 2 * wall})
+
+    short, long_ = cells[f"{variants[6]}/twx/1"], cells[f"{variants[24]}/twx/1"]
+    finished(short, 0.1 * HOUR, **{T_VARIANTS: json.dumps([variants[6]])})
+    finished(long_, 2.0 * HOUR, **{T_VARIANTS: json.dumps([variants[24]])})
+    # another study's run of the same variant label says nothing about this one's cost
+    finished(short, 50 * HOUR, study="other", **{T_VARIANTS: json.dumps([variants[6]])})
+
+    matrix = expand(spec, spec_path, options)
+    states = matrix_states(matrix)
+    pending = {st.cell.label: st for st in states if st.state == "pending"}  # type: ignore[union-attr]
+    assert len(pending) == 4  # 12 turns x both seeds, and seed 2 of the other two
+    for label, wall in [(f"{variants[6]}/twx/2", 0.1), (f"{variants[24]}/twx/2", 2.0),
+                        (f"{variants[12]}/twx/1", (0.1 + 2.0 + 50) / 3)]:  # fmt: skip
+        one = estimate_pending(matrix, [pending[label]])
+        assert one["known"] == 1
+        assert one["wall_clock_hours"] == pytest.approx(wall), label
 
 
 def test_an_estimate_of_nothing_pending_reads_no_ledger(ledger: Ledger) -> None:
