@@ -513,7 +513,8 @@ def test_a_cell_is_estimated_from_its_own_variant_first_then_from_its_method(
                     + "axes: {env.max_turns: [6, 12, 24]}\n")  # fmt: skip
     spec, spec_path = load_spec(str(path))
     options = Options(overrides=[f"output_dir={tmp_path}/runs", f"tracking_uri={uri}"])
-    cells = by_label(expand(spec, spec_path, options))
+    matrix = expand(spec, spec_path, options)
+    cells = by_label(matrix)
     variants = {turns: f"grpo[env.max_turns={turns}]" for turns in (6, 12, 24)}
 
     def finished(cell: Cell, wall: float, **tags: Any) -> None:
@@ -526,7 +527,6 @@ def test_a_cell_is_estimated_from_its_own_variant_first_then_from_its_method(
     # another study's run of the same variant label says nothing about this one's cost
     finished(short, 50 * HOUR, study="other", **{T_VARIANTS: json.dumps([variants[6]])})
 
-    matrix = expand(spec, spec_path, options)
     states = matrix_states(matrix)
     pending = {st.cell.label: st for st in states if st.state == "pending"}  # type: ignore[union-attr]
     assert len(pending) == 4  # 12 turns x both seeds, and seed 2 of the other two
