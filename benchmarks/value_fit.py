@@ -178,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--tag", default="", help="the data set's --tag")
     f.add_argument("--skip-encoders", action="store_true",
                    help="leave out the separate-encoder variants (minutes each)")  # fmt: skip
+    f.add_argument("--draws", type=int, default=1,
+                   help="refit on this many target draws; adds r's mean ± sd")  # fmt: skip
     f.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.cmd == "collect":
@@ -190,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     data = RESULTS / f"data-{_stem(args.seed, args.tag)}.pt"
     if not data.exists():
         ap.error(f"{data} is missing: run collect with the same --seed and --tag first")
-    rows = run_fit(data, encoders=not args.skip_encoders)
+    rows = run_fit(data, encoders=not args.skip_encoders, draws=args.draws)
     out = RESULTS / f"fit-{_stem(args.seed, args.tag)}.json"
     out.write_text(json.dumps(rows, indent=1) + "\n")
     print(json.dumps(rows, indent=1) if args.json else _table(rows))

@@ -39,6 +39,7 @@ class Variant:
     standardize: bool = False  # value.standardize: z-scores with the buffer's statistics
     turn_feature: bool = False  # append a one-hot of the state's turn index to its features
     features: str = "boundary"  # value.features: boundary (``layer``) | prompt_mean (all layers)
+    per_state: int = 0  # draws per fit state (targets / per_state states); 0: ceil(targets / F)
 
 
 BASE = Variant("smoke head (targets ~1,000)")
@@ -143,6 +144,20 @@ VARIANTS = [
         standardize=True,
         features="prompt_mean",
     ),
+    # Distinct states against continuations per state, prompt-mean ridge: the trainer's warm-up
+    # and steps draw B = 2 checkpoints x M = 2 continuations a root; B = 4 x M = 1 costs the same.
+    *[
+        replace(
+            BASE,
+            name=f"prompt mean, ridge, {n // m} states x {m}",
+            estimator="linear",
+            horizon="rest",
+            targets=n,
+            features="prompt_mean",
+            per_state=m,
+        )
+        for n, m in ((512, 1), (512, 2), (512, 4), (256, 1), (1024, 2), (1024, 4), (2048, 16))
+    ],
     replace(BASE, name="separate encoder, from the policy", estimator="encoder", horizon="rest"),
     replace(
         BASE,
@@ -172,12 +187,13 @@ def _returns(data: dict[str, Any], horizon: str) -> np.ndarray:
     return g
 
 
-def _targets(fit: np.ndarray, g: np.ndarray, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` (state, single-continuation return) pairs: m = ceil(n / F) draws of each of up to
-    n fit states (F of them), continuations without replacement."""
+def _targets(fit: np.ndarray, g: np.ndarray, n: int, seed: int,
+             per_state: int = 0) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """``n`` (state, single-continuation return) pairs: m draws of each of up to ceil(n / m) fit
+    states (F of them), continuations without replacement; m = ``per_state``, or ceil(n / F)."""
     rng = np.random.default_rng(seed)
-    m = min(g.shape[1], math.ceil(n / len(fit)))
-    states = rng.permutation(fit)[: min(len(fit), n)]
+    m = min(g.shape[1], per_state or math.ceil(n / len(fit)))
+    states = rng.permutation(fit)[: min(len(fit), math.ceil(n / m) if per_state else n)]
     rows, ys = [], []
     for s in states:
         for c in rng.permutation(g.shape[1])[:m]:
@@ -276,7 +292,7 @@ def _prompt_mean(data: dict[str, Any]) -> torch.Tensor:
 
 def _predict(data: dict[str, Any], v: Variant, fit: np.ndarray, test: np.ndarray,
              seed: int) -> tuple[np.ndarray, int]:  # fmt: skip
-    rows, y = _targets(fit, _returns(data, v.horizon), v.targets, seed)
+    rows, y = _targets(fit, _returns(data, v.horizon), v.targets, seed, v.per_state)
     if v.estimator == "turn":
         turn = data["turn"].numpy()
         mean = {t: y[turn[rows] == t].mean() for t in np.unique(turn[rows])}
@@ -295,9 +311,22 @@ def _predict(data: dict[str, Any], v: Variant, fit: np.ndarray, test: np.ndarray
         return head(feats[test]).numpy(), len(y)
 
 
-def run_fit(path: Path, seed: int = 0, encoders: bool = True) -> list[dict[str, Any]]:
+def _over_draws(data: dict[str, Any], v: Variant, fit: np.ndarray, test: np.ndarray,
+                ref: np.ndarray, seed: int, draws: int) -> str:  # fmt: skip
+    """Pearson r's mean ± sd over ``draws`` target draws (n/a for the minutes-long encoders)."""
+    if v.estimator == "encoder":
+        return "n/a"
+    rs = [np.corrcoef(_predict(data, v, fit, test, seed + d)[0], ref)[0, 1] for d in range(draws)]
+    return f"{np.mean(rs):.2f} ± {np.std(rs, ddof=1):.2f}"
+
+
+def run_fit(path: Path, seed: int = 0, encoders: bool = True,
+            draws: int = 1) -> list[dict[str, Any]]:  # fmt: skip
     """One row per :data:`VARIANTS` entry (the separate-encoder ones only with ``encoders``: they
-    take minutes each), plus the reference's ceiling (module docstring)."""
+    take minutes each), plus the reference's ceiling (module docstring). ``draws`` > 1 refits
+    every variant but the encoders on that many target draws (seeds ``seed``, ``seed`` + 1, ...;
+    the split fixed) and adds r's mean and standard deviation over them: the spread the single
+    draw's CI, which resamples held-out trajectories alone, leaves out."""
     data = torch.load(path, weights_only=False)
     torch.set_num_threads(1)
     fit, test = _split(data, seed)
@@ -322,6 +351,8 @@ def run_fit(path: Path, seed: int = 0, encoders: bool = True) -> list[dict[str, 
             "sign acc": m["sign_accuracy"].point, "bias": m["bias"].point, "mse": m["mse"].point,
             "seconds": secs, "ceiling r": ceiling.pearson, "ceiling sign": ceiling.sign_accuracy,
         })  # fmt: skip
+        if draws > 1:
+            rows[-1]["r over draws"] = _over_draws(data, v, fit, test, ref, seed, draws)
         print(f"[fit] {v.name}: r {m['pearson'].point:.3f}, sign {m['sign_accuracy'].point:.3f}",
               flush=True)  # fmt: skip
     return rows

@@ -159,7 +159,7 @@ def served(matrix: Matrix) -> list[tuple[str, str, int]]:
 def test_shipped_specs_are_the_papers_studies_and_ci() -> None:
     assert shipped_specs() == sorted(
         [*TABLES, "ci", "mini", "mini-cooking", "distill", "distill-coin", "value-levers",
-         "value-features", "mini2"]
+         "value-features", "mini2", "value-states"]
     )  # fmt: skip
 
 

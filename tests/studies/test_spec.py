@@ -20,7 +20,7 @@ from factor_cli.train.config import ConfigError
 SHIPPED = [
     "ablations", "budget", "ci", "distill", "distill-coin", "estimators", "main", "mini",
     "mini-cooking", "mini2", "protocol", "sensitivity", "transfer", "value-features",
-    "value-levers",
+    "value-levers", "value-states",
 ]  # fmt: skip
 
 MINIMAL = """\
