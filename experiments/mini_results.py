@@ -47,7 +47,10 @@ COMPARISONS = {
     ),
     "value-levers": (("factor-warmup", "factor"),),
     "value-features": (("factor-prompt-value", "factor"),),
-    "value-states": (("factor-prompt-states", "factor"),),
+    "value-states": (
+        ("factor-prompt-states", "factor"), ("factor-prompt-states", "factor-prompt-value"),
+        ("factor-prompt-value", "factor"),
+    ),
     "mini2": tuple((m, b) for m in ("factor", "wo-tac", "wo-hta", "factor-mc", "vineppo")
                    for b in ("grpo", "serl-repro")),
 }  # fmt: skip
