@@ -187,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--set makes another data set: name it with --tag")
         collect(args.seed, args.steps, args.k, args.set, args.tag)
         return 0
+    if args.draws < 1:
+        ap.error(f"--draws {args.draws}: give 1 (one fit per variant) or more")
     from value_fit_variants import run_fit  # torch-heavy: only for fit
 
     data = RESULTS / f"data-{_stem(args.seed, args.tag)}.pt"

@@ -193,7 +193,8 @@ def _targets(fit: np.ndarray, g: np.ndarray, n: int, seed: int,
     states (F of them), continuations without replacement; m = ``per_state``, or ceil(n / F)."""
     rng = np.random.default_rng(seed)
     m = min(g.shape[1], per_state or math.ceil(n / len(fit)))
-    states = rng.permutation(fit)[: min(len(fit), math.ceil(n / m) if per_state else n)]
+    wanted = math.ceil(n / m) if per_state else n
+    states = rng.permutation(fit)[: min(len(fit), wanted)]
     rows, ys = [], []
     for s in states:
         for c in rng.permutation(g.shape[1])[:m]:
@@ -312,11 +313,13 @@ def _predict(data: dict[str, Any], v: Variant, fit: np.ndarray, test: np.ndarray
 
 
 def _over_draws(data: dict[str, Any], v: Variant, fit: np.ndarray, test: np.ndarray,
-                ref: np.ndarray, seed: int, draws: int) -> str:  # fmt: skip
-    """Pearson r's mean ± sd over ``draws`` target draws (n/a for the minutes-long encoders)."""
+                ref: np.ndarray, seed: int, first: np.ndarray, draws: int) -> str:  # fmt: skip
+    """Pearson r's mean ± sd over ``draws`` target draws, ``first`` the prediction of draw
+    ``seed`` (already fitted), the others refitted (n/a for the minutes-long encoders)."""
     if v.estimator == "encoder":
         return "n/a"
-    rs = [np.corrcoef(_predict(data, v, fit, test, seed + d)[0], ref)[0, 1] for d in range(draws)]
+    preds = [first] + [_predict(data, v, fit, test, seed + d)[0] for d in range(1, draws)]
+    rs = [np.corrcoef(p, ref)[0, 1] for p in preds]
     return f"{np.mean(rs):.2f} ± {np.std(rs, ddof=1):.2f}"
 
 
@@ -352,7 +355,7 @@ def run_fit(path: Path, seed: int = 0, encoders: bool = True,
             "seconds": secs, "ceiling r": ceiling.pearson, "ceiling sign": ceiling.sign_accuracy,
         })  # fmt: skip
         if draws > 1:
-            rows[-1]["r over draws"] = _over_draws(data, v, fit, test, ref, seed, draws)
+            rows[-1]["r over draws"] = _over_draws(data, v, fit, test, ref, seed, pred, draws)
         print(f"[fit] {v.name}: r {m['pearson'].point:.3f}, sign {m['sign_accuracy'].point:.3f}",
               flush=True)  # fmt: skip
     return rows
