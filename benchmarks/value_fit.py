@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/value_fit.py collect [--seed 42] [--steps 8] [--k 16]
         [--set a.b=c ...] [--tag NAME]
     .venv/bin/python benchmarks/value_fit.py fit [--seed 42] [--tag NAME] [--skip-encoders] [--json]
+    .venv/bin/python benchmarks/value_fit.py td [--seed 42] [--tag NAME]
 
 ``collect`` builds one fixed data set on the smoke task (coin, six rooms, 12 turns) from the
 smoke preset's warm-started policy (seed ``--seed``): ``--steps`` rollouts of the preset's
@@ -25,6 +26,10 @@ positive), mean bias, and fit seconds; beside them the reference's noise ceiling
 (``factor_cli.stats.calibration``). Results print as a table and go to
 ``benchmarks/results/value_fit/fit-s{seed}.json``; docs/benchmarks.md ("Value fitting") has
 the committed table.
+
+``td`` scores TD credit's sign from each value estimate against an independent Monte-Carlo
+advantage on the data set's actions (``value_fit_td``): the fixed-data counterpart of
+`factor diagnose td-sign`, and what a value would need to reach a given agreement.
 """
 
 from __future__ import annotations
@@ -181,12 +186,17 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--draws", type=int, default=1,
                    help="refit on this many target draws; adds r's mean ± sd")  # fmt: skip
     f.add_argument("--json", action="store_true")
+    d = sub.add_parser("td", help="TD credit's sign from each value estimate (value_fit_td)")
+    d.add_argument("--seed", type=int, default=42)
+    d.add_argument("--tag", default="", help="the data set's --tag")
     args = ap.parse_args(argv)
     if args.cmd == "collect":
         if args.set and not args.tag:
             ap.error("--set makes another data set: name it with --tag")
         collect(args.seed, args.steps, args.k, args.set, args.tag)
         return 0
+    if args.cmd == "td":
+        return _td(ap, args.seed, args.tag)
     if args.draws < 1:
         ap.error(f"--draws {args.draws}: give 1 (one fit per variant) or more")
     from value_fit_variants import run_fit  # torch-heavy: only for fit
@@ -198,6 +208,18 @@ def main(argv: list[str] | None = None) -> int:
     out = RESULTS / f"fit-{_stem(args.seed, args.tag)}.json"
     out.write_text(json.dumps(rows, indent=1) + "\n")
     print(json.dumps(rows, indent=1) if args.json else _table(rows))
+    return 0
+
+
+def _td(ap: argparse.ArgumentParser, seed: int, tag: str) -> int:
+    from value_fit_td import run_td  # torch-heavy: only for td
+
+    data = RESULTS / f"data-{_stem(seed, tag)}.pt"
+    if not data.exists():
+        ap.error(f"{data} is missing: run collect with the same --seed and --tag first")
+    rows = run_td(data)
+    (RESULTS / f"td-{_stem(seed, tag)}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    print(_table(rows))
     return 0
 
 
