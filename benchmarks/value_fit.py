@@ -212,14 +212,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _td(ap: argparse.ArgumentParser, seed: int, tag: str) -> int:
-    from value_fit_td import run_td  # torch-heavy: only for td
+    from value_fit_td import positions, run_td  # torch-heavy: only for td
 
     data = RESULTS / f"data-{_stem(seed, tag)}.pt"
     if not data.exists():
         ap.error(f"{data} is missing: run collect with the same --seed and --tag first")
     rows = run_td(data)
-    (RESULTS / f"td-{_stem(seed, tag)}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    shares = positions(torch.load(data, weights_only=False))
+    out = {"td_sign": rows, "win_shares_mc16": shares}
+    (RESULTS / f"td-{_stem(seed, tag)}.json").write_text(json.dumps(out, indent=1) + "\n")
     print(_table(rows))
+    print("\ncredit share by turn in wins, TD credit from the 16-continuation means:")
+    print(_table(shares))
     return 0
 
 

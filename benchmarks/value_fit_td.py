@@ -3,9 +3,10 @@
 ``value_fit.py td`` scores TD credit computed from several value estimates against a Monte-Carlo
 advantage on the same actions, as `factor diagnose td-sign` does in training (paper Fig. 5B):
 
-    A_t = r_t + V(x_{t+1}) - V(x_t),  V(x_0) = b (the group baseline),  V(x_T) = 0,
+    A_t = r_t + V(x_{t+1}) - V(x_t),  V(x_0) = b,  V(x_T) = 0,
 
-so that the credits of a trajectory sum to A^seq = R - b, against the reference's advantage
+b the mean outcome of the other trajectories of the group (leave-one-out, as on TWX), so that
+the credits of a trajectory sum to A^seq = R - b, against the reference's advantage
 A^MC_t = Q^MC_t - V^MC_t, V^MC_t the mean of the reference continuations from x_t and Q^MC_t
 that of x_{t+1} (the outcome R where a_t ended the episode). The data set plays K = 16
 continuations from every state of its trajectories; the reference is the second half (8),
@@ -34,8 +35,9 @@ import pandas as pd
 import torch
 import value_fit_variants as vfv
 
+from factor_cli.credit.advantage import leave_one_out
 from factor_cli.credit.tac import td_action_credit
-from factor_cli.stats.diagnose import td_sign
+from factor_cli.stats.diagnose import credit_by_position, td_sign
 
 HALF = 8  # continuations per side: estimate from [0, 8), reference from [8, 16)
 FOLDS = 4
@@ -56,18 +58,21 @@ LEARNED = [
 
 def _actions(data: dict[str, Any]) -> pd.DataFrame:
     """One row per action of every trajectory: its states (x_t, and x_{t+1} or -1 at the end),
-    turn, trajectory, the outcome R and the group baseline b."""
+    turn, trajectory, the outcome R and the baseline b, leave-one-out over the trajectory's
+    group as the trainer's on TWX (:func:`factor_cli.credit.advantage.leave_one_out`)."""
     traj, turn = data["traj"].numpy(), data["turn"].numpy()
     outcome = data["root_outcome"].numpy().astype(float)
     group = data["root_group"].numpy()
-    base = {g: outcome[group == g].mean() for g in np.unique(group)}
+    base = leave_one_out(
+        torch.tensor(outcome), torch.tensor(np.unique(group, return_inverse=True)[1])
+    )
     rows = []
     for i in np.unique(traj):
         idx = np.flatnonzero(traj == i)
         idx = idx[np.argsort(turn[idx])]
         for t, s in enumerate(idx):
             nxt = int(idx[t + 1]) if t + 1 < len(idx) else -1
-            rows.append((int(s), nxt, t, int(i), outcome[i], base[group[i]]))
+            rows.append((int(s), nxt, t, int(i), outcome[i], float(base.v0[i])))
     return pd.DataFrame(rows, columns=["s", "next", "t", "traj", "R", "b"])
 
 
@@ -118,6 +123,21 @@ def _cross_fit(data: dict[str, Any], v: vfv.Variant) -> np.ndarray:
         held = np.isin(traj, ids[f::FOLDS])
         out[held] = vfv._predict(first, v, np.flatnonzero(~held), np.flatnonzero(held), 0)[0]
     return out
+
+
+def positions(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Credit share by turn in wins (:func:`factor_cli.stats.diagnose.credit_by_position`) when
+    TD credit reads the best value the data set has, the mean of all 16 continuations: does a
+    calibrated value leave any position of a winning play with a negative mean share?"""
+    acts = _actions(data)
+    g = vfv._returns(data, "rest")
+    frame = acts.rename(columns={"t": "turn"}).assign(
+        method="MC-16", run_id="fixed", step=0, success=acts["R"] > 0, a_seq=acts["R"] - acts["b"],
+        credit=_credit(acts, g.mean(1)), turns=acts.groupby("traj")["t"].transform("size"),
+    )  # fmt: skip
+    table = credit_by_position(frame).query("result == 'success'")
+    keep = ["position", "share_actions", "share", "share_low", "share_high"]
+    return table[keep].to_dict("records")
 
 
 def run_td(path: Any) -> list[dict[str, Any]]:

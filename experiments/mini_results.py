@@ -59,7 +59,7 @@ DEFAULT_COMPARISONS = (("factor", "serl-repro"), ("factor", "grpo"))
 STEP_METRICS = (
     "success_rate", "turns_mean", "group_signal", "zero_credit_share", "coef_deviation_median",
     "value_target_mse", "strength", "kl_coef", "kl", "time_rollout", "time_continuations",
-    "time_update",
+    "time_update", "time_teacher", "time_value",
 )  # fmt: skip
 RESAMPLES = 10_000
 PHASE_ORDER = {"early": 0, "late": 1, "all": 2}
