@@ -20,10 +20,10 @@ larger backbone), which ``--tag`` names (``data-s{seed}-{tag}.pt``, ``fit-s{seed
 ``fit`` splits the states by trajectory into fit (3/4) and held-out (1/4) trajectories, fits
 value estimators under variants on the fit states' single-continuation targets, and measures
 each on the held-out states against their K-continuation mean (the reference, never used for
-fitting): Pearson r, sign accuracy of V - b against V^MC - b (b the state's group baseline,
-the mean outcome of its group's roots: the sign that decides whether TAC's credit up to x_t is
-positive), mean bias, and fit seconds; beside them the reference's noise ceiling
-(``factor_cli.stats.calibration``). Results print as a table and go to
+fitting): Pearson r, sign accuracy of V - b against V^MC - b (b the mean outcome of the
+state's group's roots, as `factor diagnose value` takes it: about the sign of TAC's credit up
+to x_t, whose baseline is the others' mean), mean bias, and fit seconds; beside them the
+reference's noise ceiling (``factor_cli.stats.calibration``). Results print as a table and go to
 ``benchmarks/results/value_fit/fit-s{seed}.json``; docs/benchmarks.md ("Value fitting") has
 the committed table.
 

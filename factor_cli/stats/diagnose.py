@@ -508,8 +508,9 @@ def _returns_matrix(column: pd.Series) -> np.ndarray:
 
 
 def group_baselines(actions: pd.DataFrame) -> pd.DataFrame:
-    """b per (run, step, group): the mean outcome G_i of the group's root trajectories (the
-    baseline V~(x_0) that the boundary conventions fix the first state's value to)."""
+    """b per (run, step, group): the mean outcome G_i of the group's root trajectories, one
+    reference point per group for V~(x_0), the baseline the boundary conventions fix the first
+    state's value to (under leave-one-out advantages V~(x_0) is the mean of the others)."""
     traj = actions.drop_duplicates(["run_id", "step", "traj"])
     b = traj.groupby(["run_id", "step", "group"])["outcome"].mean().rename("baseline")
     return b.reset_index()
