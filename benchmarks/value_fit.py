@@ -186,8 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--draws", type=int, default=1,
                    help="refit on this many target draws; adds r's mean ± sd")  # fmt: skip
     f.add_argument("--json", action="store_true")
-    d = sub.add_parser("td", help="TD credit's sign from each value estimate (value_fit_td)")
-    d.add_argument("--seed", type=int, default=42)
+    d = sub.add_parser(
+        "td",
+        help="TD credit's sign from each value estimate (value_fit_td)",
+        description="Score TD credit's sign from each value estimate (means of k fresh "
+        "continuations, the cross-fitted learned heads) against an independent half of the "
+        "continuations, with the ceiling and a model-free bound on it, and the credit share by "
+        "turn in wins; writes td-s{seed}[-{tag}].json beside the data set.",
+    )
+    d.add_argument("--seed", type=int, default=42, help="the data set's --seed")
     d.add_argument("--tag", default="", help="the data set's --tag")
     args = ap.parse_args(argv)
     if args.cmd == "collect":
@@ -217,8 +224,9 @@ def _td(ap: argparse.ArgumentParser, seed: int, tag: str) -> int:
     data = RESULTS / f"data-{_stem(seed, tag)}.pt"
     if not data.exists():
         ap.error(f"{data} is missing: run collect with the same --seed and --tag first")
-    rows = run_td(data)
-    shares = positions(torch.load(data, weights_only=False))
+    loaded = torch.load(data, weights_only=False)
+    rows = run_td(loaded)
+    shares = positions(loaded)
     out = {"td_sign": rows, "win_shares_mc16": shares}
     (RESULTS / f"td-{_stem(seed, tag)}.json").write_text(json.dumps(out, indent=1) + "\n")
     print(_table(rows))

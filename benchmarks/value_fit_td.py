@@ -27,6 +27,7 @@ advantages agree with each other).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from typing import Any
 
@@ -87,8 +88,13 @@ def _credit(acts: pd.DataFrame, v: np.ndarray) -> np.ndarray:
     return credit.numpy()
 
 
+def _q(acts: pd.DataFrame, ref: np.ndarray) -> np.ndarray:
+    """Q^MC_t: ``ref`` [N_states] at x_{t+1}, or the outcome R where a_t ended the episode."""
+    return np.where(acts["next"] >= 0, ref[acts["next"].clip(lower=0)], acts["R"])
+
+
 def _frame(acts: pd.DataFrame, name: str, v: np.ndarray, ref: np.ndarray) -> pd.DataFrame:
-    q = np.where(acts["next"] >= 0, ref[acts["next"].clip(lower=0)], acts["R"])
+    q = _q(acts, ref)
     return pd.DataFrame({
         "method": name, "phase": "late", "run_id": "fixed", "step": 0, "traj": acts["traj"],
         "credit": _credit(acts, v), "mc": q - ref[acts["s"]], "q": q, "v": ref[acts["s"]],
@@ -102,11 +108,8 @@ def ceiling_bound(acts: pd.DataFrame, g: np.ndarray) -> float:
     half's sign is the true one, a_n = c_n^2 + (1 - c_n)^2 if the halves err independently;
     that is convex in c_n, so mean c <= (1 + sqrt(2 mean a - 1)) / 2. A noiseless credit agrees
     with a half on mean c of the actions."""
-
-    def advantage(v: np.ndarray) -> np.ndarray:  # Q^MC - V^MC, Q the outcome at the end
-        return np.where(acts["next"] >= 0, v[acts["next"].clip(lower=0)], acts["R"]) - v[acts["s"]]
-
-    a, b = (advantage(g[:, c].mean(1)) for c in (slice(0, HALF), slice(HALF, 2 * HALF)))
+    halves = (g[:, :HALF].mean(1), g[:, HALF : 2 * HALF].mean(1))
+    a, b = (_q(acts, v) - v[acts["s"]] for v in halves)
     both = (a != 0) & (b != 0)
     agree = float((np.sign(a[both]) == np.sign(b[both])).mean())
     return (1.0 + np.sqrt(max(2.0 * agree - 1.0, 0.0))) / 2.0
@@ -140,17 +143,19 @@ def positions(data: dict[str, Any]) -> list[dict[str, Any]]:
     return table[keep].to_dict("records")
 
 
-def run_td(path: Any) -> list[dict[str, Any]]:
+def run_td(data: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per estimate (module docstring): r against the reference half, and TD credit's
-    sign agreement with its advantage, with the 95% interval over trajectories and the ceiling."""
-    data = torch.load(path, weights_only=False)
+    sign agreement with its advantage, with the 95% interval over trajectories and the ceiling.
+    A line on stderr per learned estimate (the 5M set's take minutes)."""
     torch.set_num_threads(1)
     g = vfv._returns(data, "rest")
     ref = g[:, HALF:].mean(1)
     acts = _actions(data)
+    print(f"[td] prompt-mean features of {len(g)} states", file=sys.stderr, flush=True)
     vfv._prompt_mean(data)  # once: the folds' copies of ``data`` share it
     values = {f"MC-{k} (first {k} continuations)": g[:, :k].mean(1) for k in MC_K}
-    for v in LEARNED:
+    for n, v in enumerate(LEARNED, 1):
+        print(f"[td] {n}/{len(LEARNED)} cross-fitting {v.name}", file=sys.stderr, flush=True)
         values[v.name] = _cross_fit(data, v)
     frame = pd.concat([_frame(acts, name, v, ref) for name, v in values.items()])
     signs = td_sign(frame).query("phase == 'late'").set_index("method")
