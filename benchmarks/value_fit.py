@@ -4,6 +4,7 @@
         [--set a.b=c ...] [--tag NAME]
     .venv/bin/python benchmarks/value_fit.py fit [--seed 42] [--tag NAME] [--skip-encoders] [--json]
     .venv/bin/python benchmarks/value_fit.py td [--seed 42] [--tag NAME]
+    .venv/bin/python benchmarks/value_fit.py stale [--seed 42] [--tag NAME] [--steps 12]
 
 ``collect`` builds one fixed data set on the smoke task (coin, six rooms, 12 turns) from the
 smoke preset's warm-started policy (seed ``--seed``): ``--steps`` rollouts of the preset's
@@ -30,6 +31,10 @@ the committed table.
 ``td`` scores TD credit's sign from each value estimate against an independent Monte-Carlo
 advantage on the data set's actions (``value_fit_td``): the fixed-data counterpart of
 `factor diagnose td-sign`, and what a value would need to reach a given agreement.
+
+``stale`` trains the smoke preset from the data set's warm start and measures what a head loses
+when the features its targets were stored with were computed under older weights, against
+features recomputed under the current ones (``value_fit_stale``).
 """
 
 from __future__ import annotations
@@ -196,6 +201,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     d.add_argument("--seed", type=int, default=42, help="the data set's --seed")
     d.add_argument("--tag", default="", help="the data set's --tag")
+    s = sub.add_parser(
+        "stale",
+        help="stale against recomputed features (value_fit_stale)",
+        description="Train the smoke preset from the data set's warm start, read the data set's "
+        "states again under the weights after steps 1, 3, 6 and 12, and score a ridge head "
+        "fitted on step 0's features (stale) against one fitted on the current step's "
+        "(recomputed), targets fixed; writes stale-s{seed}[-{tag}].json beside the data set "
+        "(the features go to stale-features-*.pt, reused on a rerun). About 10 minutes.",
+    )
+    s.add_argument("--seed", type=int, default=42, help="the data set's --seed")
+    s.add_argument("--tag", default="", help="the data set's --tag")
+    s.add_argument("--steps", type=int, default=12, help="training steps (the smoke run's 12)")
     args = ap.parse_args(argv)
     if args.cmd == "collect":
         if args.set and not args.tag:
@@ -204,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "td":
         return _td(ap, args.seed, args.tag)
+    if args.cmd == "stale":
+        return _stale(ap, args.seed, args.tag, args.steps)
     if args.draws < 1:
         ap.error(f"--draws {args.draws}: give 1 (one fit per variant) or more")
     from value_fit_variants import run_fit  # torch-heavy: only for fit
@@ -232,6 +251,22 @@ def _td(ap: argparse.ArgumentParser, seed: int, tag: str) -> int:
     print(_table(rows))
     print("\ncredit share by turn in wins, TD credit from the 16-continuation means:")
     print(_table(shares))
+    return 0
+
+
+def _stale(ap: argparse.ArgumentParser, seed: int, tag: str, steps: int) -> int:
+    from value_fit_stale import run_stale, train_and_read  # torch-heavy: only for stale
+
+    if steps < 1:
+        ap.error(f"--steps {steps}: give at least 1 training step")
+    data = RESULTS / f"data-{_stem(seed, tag)}.pt"
+    if not data.exists():
+        ap.error(f"{data} is missing: run collect with the same --seed and --tag first")
+    loaded = torch.load(data, weights_only=False)
+    feats = train_and_read(loaded, steps, RESULTS / f"stale-features-{_stem(seed, tag)}-{steps}.pt")
+    rows = run_stale(loaded, feats)
+    (RESULTS / f"stale-{_stem(seed, tag)}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    print(_table(rows))
     return 0
 
 

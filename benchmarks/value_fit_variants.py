@@ -323,6 +323,14 @@ def _over_draws(data: dict[str, Any], v: Variant, fit: np.ndarray, test: np.ndar
     return f"{np.mean(rs):.2f} ± {np.std(rs, ddof=1):.2f}"
 
 
+def group_baselines(data: dict[str, Any]) -> np.ndarray:
+    """b of every state [N]: the mean outcome of its group's roots (its own trajectory's
+    included), the baseline sign accuracy compares against (module docstring of value_fit)."""
+    groups, outcomes = data["root_group"].numpy(), data["root_outcome"].numpy().astype(float)
+    mean = {int(g): float(outcomes[groups == g].mean()) for g in np.unique(groups)}
+    return np.array([mean[int(g)] for g in data["group"]])
+
+
 def run_fit(path: Path, seed: int = 0, encoders: bool = True,
             draws: int = 1) -> list[dict[str, Any]]:  # fmt: skip
     """One row per :data:`VARIANTS` entry (the separate-encoder ones only with ``encoders``: they
@@ -335,11 +343,7 @@ def run_fit(path: Path, seed: int = 0, encoders: bool = True,
     fit, test = _split(data, seed)
     ref_returns = _returns(data, "rest")[test]
     ref = ref_returns.mean(1)
-    groups = {int(g): float(o) for g, o in zip(data["root_group"], data["root_outcome"])}
-    base_by_group = {g: np.mean([o for gg, o in zip(data["root_group"].tolist(),
-                                                    data["root_outcome"].tolist()) if gg == g])
-                     for g in groups}  # fmt: skip
-    base = np.array([base_by_group[int(g)] for g in data["group"][test]])
+    base = group_baselines(data)[test]
     cluster = data["traj"].numpy()[test]
     ceiling = value_ceiling(ref_returns, base, np.random.default_rng(seed))
     rows = []
