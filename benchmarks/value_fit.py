@@ -204,11 +204,13 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser(
         "stale",
         help="stale against recomputed features (value_fit_stale)",
-        description="Train the smoke preset from the data set's warm start, read the data set's "
-        "states again under the weights after steps 1, 3, 6 and 12, and score a ridge head "
-        "fitted on step 0's features (stale) against one fitted on the current step's "
-        "(recomputed), targets fixed; writes stale-s{seed}[-{tag}].json beside the data set "
-        "(the features go to stale-features-*.pt, reused on a rerun). About 10 minutes.",
+        description="Train the smoke preset from the data set's warm start, read the data "
+        "set's states again under the weights after every step, and score heads (the preset's "
+        "MLP, ridge on either feature) fitted on step 0's features (stale), on a replay "
+        "buffer's mix of the last ten steps' (as the trainer holds them) and on the current "
+        "step's (recomputed), the targets fixed; writes stale-s{seed}[-{tag}].json beside the "
+        "data set (the features go to stale-features-*.pt, reused on a rerun). About 13 "
+        "minutes.",
     )
     s.add_argument("--seed", type=int, default=42, help="the data set's --seed")
     s.add_argument("--tag", default="", help="the data set's --tag")

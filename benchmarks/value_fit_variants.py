@@ -278,6 +278,36 @@ def _encoder(data: dict[str, Any], rows: np.ndarray, y: np.ndarray, test: np.nda
         return np.concatenate([forward(c).numpy() for c in np.array_split(test, len(test) // 32)])
 
 
+def _boundary(data: dict[str, Any]) -> torch.Tensor:
+    """Every layer's boundary state [N, L + 1, H] in float32, recomputed under the data set's
+    warm start (once per fit). The data set stores them in float16 to stay small, which rounds
+    a state's coordinates (order 1) by up to 1e-3 where states differ by 0.005-0.09 per
+    dimension: enough to cost a probe on them several points of r. Where the warm start is not
+    the one the data set was collected with (a rebuild need not give the same weights), the
+    float16 copy is what the collecting policy computed, and it is used instead, with a
+    warning."""
+    if "boundary32" not in data:
+        from transformers import AutoModelForCausalLM
+        from value_fit import _features
+
+        model = AutoModelForCausalLM.from_pretrained(_warm_start_path(data)).eval()
+        with torch.no_grad():
+            feats = _features(getattr(model, "model", model), data["prompts"])
+        stored = data["features"].float()
+        # A float16 value rounds by at most half its spacing, which is <= eps * |x|.
+        tolerance = torch.finfo(torch.float16).eps * stored.abs().clamp_min(2.0**-14)
+        off = int(((feats - stored).abs() > tolerance).sum())
+        if off:
+            print(f"[fit] warning: {off} of {feats.numel()} boundary coordinates differ from the "
+                  "data set's by more than float16 rounding: this warm start is not the one it "
+                  "was collected with. The boundary rows read the data set's float16 copy, the "
+                  "prompt-mean and encoder rows this warm start: not the committed numbers",
+                  flush=True)  # fmt: skip
+            feats = stored
+        data["boundary32"] = feats
+    return data["boundary32"]
+
+
 def _prompt_mean(data: dict[str, Any]) -> torch.Tensor:
     """``value.features=prompt_mean`` of every state under the data set's warm start (computed
     once per fit: the data set stores the boundary states alone)."""
@@ -300,10 +330,7 @@ def _predict(data: dict[str, Any], v: Variant, fit: np.ndarray, test: np.ndarray
         return np.array([mean.get(t, y.mean()) for t in turn[test]]), len(y)
     if v.estimator == "encoder":
         return _encoder(data, rows, y, test, v, seed), len(y)
-    if v.features == "prompt_mean":
-        feats = _prompt_mean(data)
-    else:
-        feats = data["features"][:, v.layer].float()
+    feats = _prompt_mean(data) if v.features == "prompt_mean" else _boundary(data)[:, v.layer]
     if v.turn_feature:  # the trainer knows each state's turn; the 1M model's features barely do
         turn = data["turn"].long()
         feats = torch.cat([feats, nn.functional.one_hot(turn, int(turn.max()) + 1).float()], 1)

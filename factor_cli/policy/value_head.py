@@ -10,7 +10,9 @@ before action t), shape [N, H]. The head never trains the backbone: features ent
 Credit uses the target head. Targets G_n are continuation outcomes on the same scale as
 r_{T-1}; the replay buffer pools those of the current and previous 9 training steps. Features
 are stored as computed at collection time (under the weights of that step), not recomputed
-under later weights. Defaults come from :mod:`.value_defaults`.
+under later weights (measured at CPU scale: a buffer of mixed steps costs the prompt-reading
+head nothing against recomputed features; docs/benchmarks.md, Value fitting). Defaults come
+from :mod:`.value_defaults`.
 """
 
 from __future__ import annotations
