@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{data} is missing: run collect with the same --seed and --tag first")
     rows = run_fit(data, encoders=not args.skip_encoders, draws=args.draws)
     out = RESULTS / f"fit-{_stem(args.seed, args.tag)}.json"
-    out.write_text(json.dumps(rows, indent=1) + "\n")
+    _write_json(out, rows)
     print(json.dumps(rows, indent=1) if args.json else _table(rows))
     return 0
 
@@ -249,7 +249,7 @@ def _td(ap: argparse.ArgumentParser, seed: int, tag: str) -> int:
     rows = run_td(loaded)
     shares = positions(loaded)
     out = {"td_sign": rows, "win_shares_mc16": shares}
-    (RESULTS / f"td-{_stem(seed, tag)}.json").write_text(json.dumps(out, indent=1) + "\n")
+    _write_json(RESULTS / f"td-{_stem(seed, tag)}.json", out)
     print(_table(rows))
     print("\ncredit share by turn in wins, TD credit from the 16-continuation means:")
     print(_table(shares))
@@ -267,9 +267,16 @@ def _stale(ap: argparse.ArgumentParser, seed: int, tag: str, steps: int) -> int:
     loaded = torch.load(data, weights_only=False)
     feats = train_and_read(loaded, steps, RESULTS / f"stale-features-{_stem(seed, tag)}-{steps}.pt")
     rows = run_stale(loaded, feats)
-    (RESULTS / f"stale-{_stem(seed, tag)}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    _write_json(RESULTS / f"stale-{_stem(seed, tag)}.json", rows)
     print(_table(rows))
     return 0
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    """Whole or not at all: two runs at once, or a Ctrl-C, never leave half a result."""
+    from factor_cli.atomic import atomic_write_text
+
+    atomic_write_text(path, json.dumps(obj, indent=1) + "\n")
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
