@@ -153,6 +153,12 @@ def _paired_r_gap(a: np.ndarray, b: np.ndarray, ref: np.ndarray, cluster: np.nda
 def run_stale(data: dict[str, Any], feats: dict[int, dict], seed: int = 0) -> list[dict]:
     """One row per (head, checkpoint step k): the features' drift, and held-out r of the head
     fitted and read four ways (module docstring; ``buffer``: :func:`_buffer_features`)."""
+    off = vfv.beyond_float16(feats[0]["boundary"], data["features"][:, -1].float())
+    if off:
+        print(f"[stale] warning: {off} boundary coordinates at step 0 differ from the data set's "
+              "by more than float16 rounding: the warm start is not the one the data set was "
+              "collected with (its plays are another policy's), so these are not the committed "
+              "numbers", file=sys.stderr)  # fmt: skip
     fit, test = vfv._split(data, seed)
     returns = vfv._returns(data, "rest")
     ref = returns[test].mean(1)

@@ -278,6 +278,14 @@ def _encoder(data: dict[str, Any], rows: np.ndarray, y: np.ndarray, test: np.nda
         return np.concatenate([forward(c).numpy() for c in np.array_split(test, len(test) // 32)])
 
 
+def beyond_float16(feats: torch.Tensor, stored: torch.Tensor) -> int:
+    """How many of ``feats`` differ from their float16 copy ``stored`` by more than its
+    rounding (half the float16 spacing at x, which is <= eps * |x|): 0 when ``feats`` are what
+    the data set's policy computed."""
+    tolerance = torch.finfo(torch.float16).eps * stored.abs().clamp_min(2.0**-14)
+    return int(((feats - stored).abs() > tolerance).sum())
+
+
 def _boundary(data: dict[str, Any]) -> torch.Tensor:
     """Every layer's boundary state [N, L + 1, H] in float32, recomputed under the data set's
     warm start (once per fit). The data set stores them in float16 to stay small, which rounds
@@ -294,9 +302,7 @@ def _boundary(data: dict[str, Any]) -> torch.Tensor:
         with torch.no_grad():
             feats = _features(getattr(model, "model", model), data["prompts"])
         stored = data["features"].float()
-        # A float16 value rounds by at most half its spacing, which is <= eps * |x|.
-        tolerance = torch.finfo(torch.float16).eps * stored.abs().clamp_min(2.0**-14)
-        off = int(((feats - stored).abs() > tolerance).sum())
+        off = beyond_float16(feats, stored)
         if off:
             print(f"[fit] warning: {off} of {feats.numel()} boundary coordinates differ from the "
                   "data set's by more than float16 rounding: this warm start is not the one it "
