@@ -44,7 +44,6 @@ import value_fit_variants as vfv
 from factor_cli.stats.calibration import value_metrics
 
 CHECKPOINTS = (1, 3, 6, 12)
-KINDS = ("boundary", "prompt_mean")
 TARGETS = 1000
 REPLAY = 10  # value.replay_steps: the current step and the 9 before
 RESAMPLES = 500
@@ -65,8 +64,8 @@ def _read(model: Any, prompts: list[list[int]]) -> dict[str, torch.Tensor]:
 
 
 def train_and_read(data: dict[str, Any], steps: int, out: Path) -> dict[int, dict]:
-    """Features of every state after steps 0 and each checkpoint <= ``steps`` of the smoke
-    preset's run (saved to ``out``, reused when there)."""
+    """Both feature kinds of every state before the smoke preset's run and after each of its
+    ``steps`` steps, {step: {kind: [N, width]}} (saved to ``out``, reused when there)."""
     if out.exists():
         print(f"[stale] reusing {out}", file=sys.stderr)
         return torch.load(out, weights_only=False)
