@@ -18,15 +18,17 @@ action t) at every layer, and the prompt's token ids. The set is written once to
 the preset for another data set (``--set model.init_tiny=5m --set model.path=runs/tiny-5m``: a
 larger backbone), which ``--tag`` names (``data-s{seed}-{tag}.pt``, ``fit-s{seed}-{tag}.json``).
 
-``fit`` splits the states by trajectory into fit (3/4) and held-out (1/4) trajectories, fits
-value estimators under variants on the fit states' single-continuation targets, and measures
-each on the held-out states against their K-continuation mean (the reference, never used for
-fitting): Pearson r, sign accuracy of V - b against V^MC - b (b the mean outcome of the
-state's group's roots, as `factor diagnose value` takes it: about the sign of TAC's credit up
-to x_t, whose baseline is the others' mean), mean bias, and fit seconds; beside them the
-reference's noise ceiling (``factor_cli.stats.calibration``). Results print as a table and go to
-``benchmarks/results/value_fit/fit-s{seed}.json``; docs/benchmarks.md ("Value fitting") has
-the committed table.
+``fit`` reads the boundary states in float32 under the data set's warm start (the stored float16
+copy checks that warm start; ``value_fit_variants._boundary``), splits the states by trajectory
+into fit (3/4) and held-out (1/4) trajectories, fits value estimators under variants on the fit
+states' single-continuation targets, and measures each on the held-out states against their
+K-continuation mean (the reference, never used for fitting): Pearson r, sign accuracy of V - b
+against V^MC - b (b the mean outcome of the state's group's roots, as `factor diagnose value`
+takes it: about the sign of TAC's credit up to x_t, whose baseline is the others' mean), mean
+bias, and fit seconds; beside them the reference's noise ceiling
+(``factor_cli.stats.calibration``). Results print as a table and go to
+``benchmarks/results/value_fit/fit-s{seed}.json``; docs/benchmarks.md ("Value fitting") has the
+committed table.
 
 ``td`` scores TD credit's sign from each value estimate against an independent Monte-Carlo
 advantage on the data set's actions (``value_fit_td``): the fixed-data counterpart of
